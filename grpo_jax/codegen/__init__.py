@@ -1,0 +1,1 @@
+"""Code-generation tasks: problems, datasets, tokenizer, rewards (host side, no JAX)."""

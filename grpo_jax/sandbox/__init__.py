@@ -1,0 +1,1 @@
+"""Sandboxed execution of untrusted generated code (host side; never imports JAX)."""

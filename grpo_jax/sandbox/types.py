@@ -1,0 +1,74 @@
+"""The executor's public data types: what goes in (`Job`), what comes out (`Verdict`).
+
+The contract (SANDBOX.md §3): `Executor.run(jobs)` returns exactly one `Verdict` per job, in order, and never
+raises. `passed` is True only if every parent-graded test returned a value equal (type-strictly) to its
+expected value AND the child check (if any) completed without error. Exit status and stdout are never the
+verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from grpo_jax.codegen.problem import TestCase
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    WRONG_ANSWER = "wrong_answer"
+    RUNTIME_ERROR = "runtime_error"
+    SYNTAX_ERROR = "syntax_error"
+    TIMEOUT = "timeout"
+    MEMORY = "memory"
+    OUTPUT_LIMIT = "output_limit"
+    INFRA_ERROR = "infra_error"
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Per-program resource limits (SANDBOX.md §3 defaults)."""
+
+    wall_s: float = 4.0
+    cpu_s: int = 4
+    memory_bytes: int = 1 << 30
+    processes: int = 32
+    output_bytes: int = 1 << 20
+    result_bytes: int = 1 << 20
+    file_bytes: int = 16 << 20
+    open_files: int = 64
+    source_bytes: int = 256 << 10
+    workdir_bytes: int = 64 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    program: str
+    tests: tuple[TestCase, ...] = ()
+    child_check: str | None = None
+    setup_code: str = ""
+    limits: Limits | None = None  # None: the executor's defaults
+
+
+@dataclasses.dataclass(frozen=True)
+class TestResult:
+    passed: bool
+    status: Status  # PASSED, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT, ... for this test
+    seconds: float = 0.0
+    error: str = ""  # short, parent-sanitised text (exception type/message), never child objects
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    status: Status
+    passed: bool
+    tests: tuple[TestResult, ...] = ()  # one per parent-graded test, in order (may be shorter on early stop)
+    child_check_passed: bool | None = None  # None: the job had no child check
+    seconds: float = 0.0
+    detail: str = ""  # short human-readable reason (truncated stderr excerpt, limit hit, ...)
+    cached: bool = False
+    retried: bool = False
+
+    @property
+    def tests_passed(self) -> int:
+        return sum(t.passed for t in self.tests)
