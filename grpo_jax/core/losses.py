@@ -1,0 +1,668 @@
+"""GRPO / PPO losses as pure functions (GRPO_MATH.md §1, §2, §4 T2–T8).
+
+Shapes: B prompts, G completions per prompt, T completion tokens. Per-token arrays are [..., T] — normally
+[B, G, T]; every leading axis is a "sequence" axis ([B, G, T] holds B·G sequences). `mask` [..., T] marks
+valid completion tokens (float or bool). Everything is computed in float32: inputs are cast on entry.
+
+Sign convention: `clipped_surrogate` returns the OBJECTIVE (to maximise, J); `grpo_loss` / `ppo_loss` return
+the LOSS (= −J, to minimise). `logp_old`, `logp_ref`, `logp_behaviour` and the advantages are stop-gradient'ed
+inside, so `jax.grad(loss)(logp)` is the gradient the trainer applies (T5 gradient table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.core.metrics import masked_mean
+
+sg = jax.lax.stop_gradient
+
+KL_KINDS = ("k1", "k2", "k3")
+KL_ANCHORS = ("ref", "old")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant", "seq_mean")
+IMPORTANCE_LEVELS = ("token", "sequence", "sequence_token")
+
+# exp() arguments are clamped to this range: exp(20) ≈ 4.9e8 is finite in float32 (max ≈ 3.4e38, and still
+# finite after multiplying by an advantage or summing over a batch), while anything beyond it means the policy
+# moved so far from its anchor that the exact value is meaningless anyway.
+LOG_CLAMP = 20.0
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# KL estimators
+# ------------------------------------------------------------------------------------------------------------
+
+
+def kl_penalty(logp: jax.Array, logp_anchor: jax.Array, *, kind: str = "k3") -> jax.Array:
+    """Per-token KL estimate of KL[π_θ || π_anchor] from sampled-token log-probs (Schulman, "Approximating
+    KL divergence", 2020; DeepSeekMath eq. 4 uses k3; GRPO_MATH.md §1.1, T3):
+
+        Δ = logp_anchor − logp
+        k1 = −Δ          k2 = Δ²/2          k3 = exp(Δ) − Δ − 1   (≥ 0; ∂k3/∂logp = 1 − exp(Δ))
+
+    Shapes: any, broadcast together. The anchor is stop-gradient'ed (it is π_ref or π_old, never trained).
+    Safety: for k3 the argument of exp is clamped to [−20, 20] (only inside exp), so the value is finite
+    for any input; the gradient is exact inside that range and stays finite outside it.
+    """
+    if kind not in KL_KINDS:
+        raise ValueError(f"kl_penalty: unknown kind {kind!r}; valid kinds are {KL_KINDS}.")
+    delta = sg(_f32(logp_anchor)) - _f32(logp)
+    if kind == "k1":
+        return -delta
+    if kind == "k2":
+        return 0.5 * jnp.square(delta)
+    return jnp.exp(jnp.clip(delta, -LOG_CLAMP, LOG_CLAMP)) - delta - 1.0
+
+
+# ------------------------------------------------------------------------------------------------------------
+# clipped surrogate
+# ------------------------------------------------------------------------------------------------------------
+
+
+class SurrogateAux(NamedTuple):
+    """Per-token (or per-sequence) diagnostics of `clipped_surrogate`: float32, the objective's shape."""
+
+    ratio: jax.Array  # ρ = exp(logp − logp_old) before the `delta` clamp
+    is_low_clipped: jax.Array  # 1.0 where A < 0 and ρ < 1 − eps_low  (ρ after the delta clamp, as TRL)
+    is_high_clipped: jax.Array  # 1.0 where A > 0 and ρ > 1 + eps_high
+
+
+def _surrogate_from_log_ratio(log_ratio, adv, *, eps_low, eps_high, dual_clip, delta):
+    ratio = jnp.exp(jnp.clip(log_ratio, -LOG_CLAMP, LOG_CLAMP))
+    clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)  # formed from the UNclamped ratio (TRL order)
+    r1 = ratio if delta is None else jnp.minimum(ratio, delta)  # two-sided clip: ρ ← min(ρ, δ)
+    objective = jnp.minimum(r1 * adv, clipped * adv)
+    if dual_clip is not None:
+        objective = jnp.where(adv < 0, jnp.maximum(objective, dual_clip * adv), objective)
+    is_low = ((r1 < 1.0 - eps_low) & (adv < 0)).astype(jnp.float32)
+    is_high = ((r1 > 1.0 + eps_high) & (adv > 0)).astype(jnp.float32)
+    return objective, SurrogateAux(ratio=ratio, is_low_clipped=is_low, is_high_clipped=is_high)
+
+
+def clipped_surrogate(
+    logp: jax.Array,
+    logp_old: jax.Array,
+    adv: jax.Array,
+    *,
+    eps_low: float,
+    eps_high: float,
+    dual_clip: float | None = None,
+    delta: float | None = None,
+) -> tuple[jax.Array, SurrogateAux]:
+    """PPO clipped surrogate objective per token (Schulman et al. 2017; DeepSeekMath eq. 3; DAPO clip-higher;
+    TRL grpo_trainer.py::_compute_loss; GRPO_MATH.md T2):
+
+        ρ = exp(logp − sg(logp_old))
+        J = min( ρ·A , clip(ρ, 1 − eps_low, 1 + eps_high)·A )
+
+    Options:
+      dual_clip c (> 1; Ye et al. 2020, "Mastering Complex Control in MOBA Games"): for A < 0,
+          J ← max(J, c·A), bounding the loss of very large ratios on negative advantages.
+      delta δ (INTELLECT-2 / TRL `delta`, two-sided clip): the UNclipped branch uses ρ ← min(ρ, δ); the
+          clipped branch is formed from the unclamped ρ and the clip metrics see the clamped ρ (TRL order,
+          §1.9).
+
+    logp, logp_old, adv broadcast together (adv usually [..., 1] or [..., T]); logp_old and adv are
+    stop-gradient'ed. The log-ratio is clamped to [−20, 20] before exp (finite for any input).
+    Returns (objective, SurrogateAux) with the broadcast shape. The objective is to be MAXIMISED.
+    """
+    log_ratio = _f32(logp) - sg(_f32(logp_old))
+    return _surrogate_from_log_ratio(
+        log_ratio, sg(_f32(adv)), eps_low=eps_low, eps_high=eps_high, dual_clip=dual_clip, delta=delta
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GSPO
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _gspo_log_ratio(logp, logp_old, mask):
+    m = jnp.asarray(mask, jnp.float32)
+    return masked_mean(_f32(logp) - sg(_f32(logp_old)), m, axis=-1)  # [...]
+
+
+def gspo_sequence_ratio(logp: jax.Array, logp_old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO sequence importance ratio (Zheng et al. 2025, arXiv 2507.18071; GRPO_MATH.md §1.5, T6):
+
+        s_i = (π_θ(o_i|q) / π_old(o_i|q))^{1/|o_i|} = exp( (1/|o_i|) Σ_t (logp − sg(logp_old))_{i,t} )
+
+    logp, logp_old, mask: [..., T] -> s: [...]. A sequence with no valid tokens gets s = 1.
+    Differentiable in logp: ∂s_i/∂logp_{i,t} = s_i/|o_i|.
+    """
+    chex.assert_equal_shape([logp, logp_old, mask])
+    return jnp.exp(jnp.clip(_gspo_log_ratio(logp, logp_old, mask), -LOG_CLAMP, LOG_CLAMP))
+
+
+def gspo_token_ratio(logp: jax.Array, logp_old: jax.Array, mask: jax.Array) -> jax.Array:
+    """GSPO-token per-token ratio (Zheng et al. 2025, §4.3; GRPO_MATH.md §1.5):
+
+        s_{i,t} = sg[s_i] · π_θ(o_{i,t}) / sg[π_θ(o_{i,t})] = sg[s_i] · exp(logp − sg(logp))
+
+    Its VALUE equals s_i at every token; its gradient wrt logp_{i,t} is s_i (per token), so with a per-token
+    mean inside each sequence and Â_{i,t} = Â_i the gradient equals GSPO's. [..., T] -> [..., T].
+    """
+    chex.assert_equal_shape([logp, logp_old, mask])
+    lp = _f32(logp)
+    log_s = sg(_gspo_log_ratio(logp, logp_old, mask))[..., None]
+    return jnp.exp(jnp.clip(log_s + lp - sg(lp), -LOG_CLAMP, LOG_CLAMP))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# aggregation
+# ------------------------------------------------------------------------------------------------------------
+
+
+def aggregate(
+    per_token: jax.Array,
+    mask: jax.Array,
+    *,
+    mode: str,
+    max_len: int | None = None,
+    token_count: jax.Array | float | None = None,
+) -> jax.Array:
+    """Reduce a per-token loss to a scalar (GRPO_MATH.md §1.1 "How the loss is averaged", T4).
+
+    per_token, mask: [..., T]; every leading axis is a sequence axis (N = their product, e.g. B·G).
+      "seq_mean_token_mean" (DeepSeekMath eq. 3; TRL "grpo"):  (1/N) Σ_i (1/|o_i|) Σ_t ℓ_{i,t}
+      "token_mean" (DAPO eq. 12; TRL "dapo"/"bnpo"):           Σ_{i,t} ℓ_{i,t} / Σ_i |o_i|
+      "constant" (Dr. GRPO; TRL "dr_grpo"):                    Σ_{i,t} ℓ_{i,t} / (N · max_len)
+          max_len is the CONFIGURED max completion length (a Python int), never the observed/padded length.
+      "seq_mean" (GSPO; one term per sequence):                (1/N) Σ_i ℓ_i
+          per_token may be [...] (one value per sequence, used as is) or [..., T] holding the sequence value
+          broadcast over its tokens (then ℓ_i = its masked mean over T, i.e. the value itself). For [..., T]
+          input this is numerically the same as "seq_mean_token_mean".
+    N counts every sequence, including fully masked ones (they contribute 0), as TRL's `.mean()` does.
+    Zero valid tokens never give NaN (denominators are max(·, 1)).
+    token_count: optional override of Σ|o_i| for "token_mean" (e.g. the active-token count of the whole
+    accumulated global batch, TRL "dapo", when this call sees only a micro-batch).
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    x = _f32(per_token)
+    if mode not in AGGREGATIONS:
+        raise ValueError(f"aggregate: unknown mode {mode!r}; valid modes are {AGGREGATIONS}.")
+    n_seq = max(int(m[..., 0].size), 1)  # static: product of the leading axes
+    if mode == "seq_mean" and x.ndim == m.ndim - 1:
+        chex.assert_shape(x, m.shape[:-1])
+        return x.sum() / n_seq
+    chex.assert_equal_shape([x, m])
+    if mode in ("seq_mean_token_mean", "seq_mean"):
+        per_seq = (x * m).sum(-1) / jnp.maximum(m.sum(-1), 1.0)  # [...]
+        return per_seq.sum() / n_seq
+    if mode == "token_mean":
+        denom = m.sum() if token_count is None else _f32(token_count)
+        return (x * m).sum() / jnp.maximum(denom, 1.0)
+    # constant
+    if max_len is None or int(max_len) <= 0:
+        raise ValueError(f"aggregate(mode='constant') needs max_len, a positive Python int; got {max_len!r}.")
+    return (x * m).sum() / (n_seq * int(max_len))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# entropy, overlong shaping
+# ------------------------------------------------------------------------------------------------------------
+
+
+def entropy_from_logits(logits: jax.Array) -> jax.Array:
+    """Per-position entropy H = −Σ_v p_v log p_v of softmax(logits), in float32 via log_softmax.
+
+    logits: [..., V] -> [..., ]. Entries of −inf (masked vocabulary) contribute 0, not NaN.
+    """
+    logp = jax.nn.log_softmax(_f32(logits), axis=-1)
+    p = jnp.exp(logp)
+    return -jnp.where(p > 0, p * logp, 0.0).sum(-1)
+
+
+def soft_overlong_punishment(lengths: jax.Array, *, max_len: int, cache_len: int) -> jax.Array:
+    """DAPO soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13;
+    TRL get_soft_overlong_punishment; GRPO_MATH.md T7), counted in TOKENS:
+
+        R_length(y) = 0                                     |y| ≤ L_max − L_cache
+                    = ((L_max − L_cache) − |y|) / L_cache   L_max − L_cache < |y| ≤ L_max
+                    = −1                                    |y| > L_max
+
+    lengths: any shape of token counts -> float32 of the same shape. Added to the correctness reward.
+    """
+    if cache_len <= 0 or max_len <= cache_len:
+        raise ValueError(
+            f"soft_overlong_punishment needs 0 < cache_len < max_len; got {max_len=}, {cache_len=}."
+        )
+    y = _f32(lengths)
+    free = float(max_len - cache_len)
+    ramp = (free - y) / float(cache_len)
+    return jnp.where(y <= free, 0.0, jnp.where(y <= float(max_len), ramp, -1.0))
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GRPO loss
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOLossConfig:
+    """Static configuration of `grpo_loss` (frozen and hashable: usable as a static jit argument).
+
+    eps_low, eps_high: clip range [1 − eps_low, 1 + eps_high] (DAPO clip-higher 0.2 / 0.28; GSPO 3e-4/4e-4).
+    dual_clip: None or c > 1 (Ye et al. 2020). delta: None or δ > 1, two-sided clip ρ ← min(ρ, δ) (TRL).
+    kl_estimator: "k1" | "k2" | "k3" (canonical GRPO: k3, DeepSeekMath eq. 4).
+    kl_anchor: "ref" (canonical: KL to the frozen π_ref) | "old" (the seed document's formula
+        J = E[Q − β log(π_θ/π_old)]: the KL is taken to π_old; labelled as the seed's, not canonical GRPO).
+    kl_bias_correction: TRL `use_bias_correction_kl`: the per-token KL is multiplied by the differentiable
+        token ratio ρ = exp(logp − sg(logp_old)) because tokens were sampled from π_old (on in TRL 1.16,
+        §1.9).
+    aggregation: see `aggregate`. max_len: the configured max completion length (required by "constant").
+    importance_level: "token" (GRPO) | "sequence" (GSPO: one ratio s_i per sequence, one clip decision) |
+        "sequence_token" (GSPO-token: s_{i,t} = sg[s_i]·exp(logp − sg(logp)), clipped per token).
+    tis_cap: None or C > 0: truncated importance sampling for off-policy rollouts (TRL
+        vllm_importance_sampling): the surrogate of each token is multiplied by
+        sg(min(exp(logp_old − logp_behaviour), C)).
+    """
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None
+    delta: float | None = None
+    kl_estimator: str = "k3"
+    kl_anchor: str = "ref"
+    kl_bias_correction: bool = False
+    aggregation: str = "seq_mean_token_mean"
+    max_len: int | None = None
+    importance_level: str = "token"
+    tis_cap: float | None = None
+
+    def __post_init__(self):
+        if not (_is_real(self.eps_low) and self.eps_low >= 0):
+            raise ValueError(f"GRPOLossConfig.eps_low must be a number >= 0; got {self.eps_low!r}.")
+        if not (_is_real(self.eps_high) and self.eps_high >= 0):
+            raise ValueError(f"GRPOLossConfig.eps_high must be a number >= 0; got {self.eps_high!r}.")
+        if self.dual_clip is not None and not (_is_real(self.dual_clip) and self.dual_clip > 1):
+            raise ValueError(
+                f"GRPOLossConfig.dual_clip must be None or a number > 1; got {self.dual_clip!r}."
+            )
+        if self.delta is not None and not (_is_real(self.delta) and self.delta > 1):
+            raise ValueError(f"GRPOLossConfig.delta must be None or a number > 1; got {self.delta!r}.")
+        if self.kl_estimator not in KL_KINDS:
+            raise ValueError(
+                f"GRPOLossConfig.kl_estimator must be one of {KL_KINDS}; got {self.kl_estimator!r}."
+            )
+        if self.kl_anchor not in KL_ANCHORS:
+            raise ValueError(f"GRPOLossConfig.kl_anchor must be one of {KL_ANCHORS}; got {self.kl_anchor!r}.")
+        if not isinstance(self.kl_bias_correction, bool):
+            raise ValueError(
+                f"GRPOLossConfig.kl_bias_correction must be True or False; got {self.kl_bias_correction!r}."
+            )
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(
+                f"GRPOLossConfig.aggregation must be one of {AGGREGATIONS}; got {self.aggregation!r}."
+            )
+        if self.max_len is not None and not (_is_int(self.max_len) and self.max_len > 0):
+            raise ValueError(f"GRPOLossConfig.max_len must be None or a positive int; got {self.max_len!r}.")
+        if self.aggregation == "constant" and self.max_len is None:
+            raise ValueError(
+                "GRPOLossConfig.max_len must be set (a positive int) when aggregation='constant'."
+            )
+        if self.importance_level not in IMPORTANCE_LEVELS:
+            raise ValueError(
+                f"GRPOLossConfig.importance_level must be one of {IMPORTANCE_LEVELS}; "
+                f"got {self.importance_level!r}."
+            )
+        if self.tis_cap is not None and not (_is_real(self.tis_cap) and self.tis_cap > 0):
+            raise ValueError(f"GRPOLossConfig.tis_cap must be None or a number > 0; got {self.tis_cap!r}.")
+
+
+class PerTokenTerms(NamedTuple):
+    """Per-token intermediates of `grpo_per_token_loss`, each [..., T] float32."""
+
+    surrogate: jax.Array  # clipped surrogate objective (before the TIS weight)
+    weight: jax.Array  # TIS weight (1 without TIS)
+    kl: jax.Array  # KL estimate (× ρ with kl_bias_correction; 0 when the KL is skipped)
+    entropy: jax.Array  # per-token entropy (0 when not given)
+    ratio: jax.Array  # the importance ratio used (token ρ, GSPO s_i broadcast, or GSPO-token s_{i,t})
+    is_low_clipped: jax.Array
+    is_high_clipped: jax.Array
+    adv: jax.Array  # advantage broadcast to tokens
+
+
+class LossAux(NamedTuple):
+    """Scalar diagnostics of `grpo_loss` (masked token means unless stated)."""
+
+    loss: jax.Array
+    pg_loss: jax.Array  # the policy term alone, −weight·surrogate, aggregated like the loss
+    kl: jax.Array  # masked token mean of the KL estimate (0 when the KL is skipped)
+    entropy: jax.Array  # masked token mean of the given entropy (0 when none given)
+    clip_low_frac: jax.Array
+    clip_high_frac: jax.Array
+    clip_region_frac: jax.Array  # low + high
+    ratio_mean: jax.Array
+    ratio_max: jax.Array  # over valid tokens (0 if there are none)
+    ratio_min: jax.Array
+    adv_mean: jax.Array  # over valid tokens (advantage broadcast to tokens)
+    adv_abs_mean: jax.Array
+
+
+def grpo_per_token_loss(
+    logp: jax.Array,
+    logp_old: jax.Array,
+    logp_ref: jax.Array | None,
+    adv: jax.Array,
+    mask: jax.Array,
+    *,
+    cfg: GRPOLossConfig,
+    kl_coef: jax.Array | float,
+    entropy_coef: jax.Array | float,
+    entropy: jax.Array | None = None,
+    logp_behaviour: jax.Array | None = None,
+) -> tuple[jax.Array, PerTokenTerms]:
+    """Per-token GRPO loss ℓ_{i,t} before aggregation (arguments as `grpo_loss`):
+
+        ℓ = −( w·J − kl_coef·KL + entropy_coef·H )
+
+    J the clipped surrogate at cfg.importance_level, w the TIS weight (1 without tis_cap), KL the
+    cfg.kl_estimator estimate to the anchor (× ρ with kl_bias_correction). The KL term is NOT multiplied by w
+    (TRL order, §1.9).
+    Returns (per_token_loss [..., T], PerTokenTerms). Masked tokens are not zeroed here (aggregation masks).
+    """
+    lp = _f32(logp)  # [..., T]
+    lp_old = sg(_f32(logp_old))  # [..., T]
+    m = jnp.asarray(mask, jnp.float32)  # [..., T]
+    chex.assert_equal_shape([lp, lp_old, m])
+    a = sg(_f32(adv))
+    if a.ndim == lp.ndim - 1:
+        chex.assert_shape(a, lp.shape[:-1])
+        a = a[..., None]  # [..., 1] one advantage per sequence
+    elif a.shape != lp.shape:
+        chex.assert_shape(a, (*lp.shape[:-1], 1))  # [..., 1] one advantage per sequence
+    # else [..., T] per-token advantages (e.g. process supervision)
+    a_tok = jnp.broadcast_to(a, lp.shape)
+
+    clip_kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, delta=cfg.delta)
+    if cfg.importance_level == "token":
+        surrogate, saux = _surrogate_from_log_ratio(lp - lp_old, a, **clip_kw)
+    elif cfg.importance_level == "sequence":
+        # GSPO: one ratio and one clip decision per sequence; the sequence advantage is the mean of a over
+        # valid tokens (equals Â_i when adv is per sequence).
+        a_seq = masked_mean(a_tok, m, axis=-1)  # [...]
+        seq_obj, seq_aux = _surrogate_from_log_ratio(_gspo_log_ratio(lp, lp_old, m), a_seq, **clip_kw)
+        surrogate = jnp.broadcast_to(seq_obj[..., None], lp.shape)
+        saux = SurrogateAux(*(jnp.broadcast_to(v[..., None], lp.shape) for v in seq_aux))
+    else:  # sequence_token
+        log_s = sg(_gspo_log_ratio(lp, lp_old, m))[..., None]
+        surrogate, saux = _surrogate_from_log_ratio(log_s + lp - sg(lp), a, **clip_kw)
+    surrogate = jnp.broadcast_to(surrogate, lp.shape)
+
+    if cfg.tis_cap is not None:
+        if logp_behaviour is None:
+            raise ValueError(
+                "grpo_loss: cfg.tis_cap is set, so logp_behaviour (the sampler's log-probs) is needed."
+            )
+        lp_b = sg(_f32(logp_behaviour))
+        chex.assert_equal_shape([lp_b, lp])
+        weight = sg(jnp.minimum(jnp.exp(jnp.clip(lp_old - lp_b, -LOG_CLAMP, LOG_CLAMP)), cfg.tis_cap))
+    else:
+        weight = jnp.ones_like(lp)
+
+    anchor = logp_ref if cfg.kl_anchor == "ref" else lp_old
+    if anchor is None:
+        kl = jnp.zeros_like(lp)
+    else:
+        anchor = _f32(anchor)
+        chex.assert_equal_shape([anchor, lp])
+        kl = kl_penalty(lp, anchor, kind=cfg.kl_estimator)
+        if cfg.kl_bias_correction:
+            kl = kl * jnp.exp(jnp.clip(lp - lp_old, -LOG_CLAMP, LOG_CLAMP))
+
+    if entropy is None:
+        ent = jnp.zeros_like(lp)
+    else:
+        ent = _f32(entropy)
+        chex.assert_equal_shape([ent, lp])
+
+    per_token = -(weight * surrogate - _f32(kl_coef) * kl + _f32(entropy_coef) * ent)
+    terms = PerTokenTerms(
+        surrogate=surrogate,
+        weight=weight,
+        kl=kl,
+        entropy=ent,
+        ratio=jnp.broadcast_to(saux.ratio, lp.shape),
+        is_low_clipped=jnp.broadcast_to(saux.is_low_clipped, lp.shape),
+        is_high_clipped=jnp.broadcast_to(saux.is_high_clipped, lp.shape),
+        adv=a_tok,
+    )
+    return per_token, terms
+
+
+def grpo_loss(
+    logp: jax.Array,
+    logp_old: jax.Array,
+    logp_ref: jax.Array | None,
+    adv: jax.Array,
+    mask: jax.Array,
+    *,
+    cfg: GRPOLossConfig,
+    kl_coef: jax.Array | float,
+    entropy_coef: jax.Array | float,
+    entropy: jax.Array | None = None,
+    logp_behaviour: jax.Array | None = None,
+) -> tuple[jax.Array, LossAux]:
+    """GRPO loss (DeepSeekMath eq. 3–4, arXiv 2402.03300; variants DAPO / Dr. GRPO / GSPO; TRL
+    grpo_trainer.py::_compute_loss; GRPO_MATH.md §1, T5):
+
+        ℓ_{i,t} = −( w_{i,t}·min(ρA, clip(ρ, 1−ε_l, 1+ε_h)A) − kl_coef·KL_{i,t} + entropy_coef·H_{i,t} )
+        loss    = aggregate(ℓ, mask, mode=cfg.aggregation, max_len=cfg.max_len)
+
+    logp [..., T] (current policy, differentiated), logp_old [..., T] (sampling policy π_old), logp_ref
+    [..., T] or None (frozen π_ref; None skips the KL when cfg.kl_anchor == "ref"), adv [...] (per sequence,
+    broadcast over T) or [..., T] (per token), mask [..., T]; entropy [..., T] or None; logp_behaviour
+    [..., T] (needed iff cfg.tis_cap is set). kl_coef / entropy_coef are traced scalars (controllers change
+    them without recompiling). Returns (loss, LossAux).
+    """
+    per_token, t = grpo_per_token_loss(
+        logp,
+        logp_old,
+        logp_ref,
+        adv,
+        mask,
+        cfg=cfg,
+        kl_coef=kl_coef,
+        entropy_coef=entropy_coef,
+        entropy=entropy,
+        logp_behaviour=logp_behaviour,
+    )
+    m = jnp.asarray(mask, jnp.float32)
+    agg = dict(mode=cfg.aggregation, max_len=cfg.max_len)
+    loss = aggregate(per_token, m, **agg)
+    pg_loss = aggregate(-(t.weight * t.surrogate), m, **agg)
+    has = m.sum() > 0
+    valid = m > 0
+    low = masked_mean(t.is_low_clipped, m)
+    high = masked_mean(t.is_high_clipped, m)
+    aux = LossAux(
+        loss=loss,
+        pg_loss=pg_loss,
+        kl=masked_mean(t.kl, m),
+        entropy=masked_mean(t.entropy, m),
+        clip_low_frac=low,
+        clip_high_frac=high,
+        clip_region_frac=low + high,
+        ratio_mean=masked_mean(t.ratio, m),
+        ratio_max=jnp.where(has, jnp.where(valid, t.ratio, -jnp.inf).max(), 0.0),
+        ratio_min=jnp.where(has, jnp.where(valid, t.ratio, jnp.inf).min(), 0.0),
+        adv_mean=masked_mean(t.adv, m),
+        adv_abs_mean=masked_mean(jnp.abs(t.adv), m),
+    )
+    return loss, jax.tree_util.tree_map(sg, aux)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# PPO pieces (GRPO_MATH.md §2, T8)
+# ------------------------------------------------------------------------------------------------------------
+
+
+def gae(
+    rewards: jax.Array,
+    values: jax.Array,
+    mask: jax.Array,
+    *,
+    gamma: float,
+    lam: float,
+    last_value: jax.Array | float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv 1506.02438; TRL ppo_trainer.py), computed
+    backwards with lax.scan over the last axis:
+
+        δ_t = r_t + γ V_{t+1} − V_t            Â_t = δ_t + γλ Â_{t+1}            R̂_t = Â_t + V_t
+
+    rewards, values, mask: [..., T]. The mask is a prefix mask (valid tokens, then padding). After the last
+    valid token V_{t+1} = last_value ([...] or scalar; default 0 = terminal) and Â_{t+1} = 0.
+    Returns (advantages, returns), both [..., T] float32, 0 at masked positions. Not whitened (see `whiten`).
+    """
+    r = _f32(rewards)
+    v = _f32(values)
+    m = jnp.asarray(mask, jnp.float32)
+    chex.assert_equal_shape([r, v, m])
+    lead = r.shape[:-1]
+    lv = jnp.zeros(lead, jnp.float32) if last_value is None else jnp.broadcast_to(_f32(last_value), lead)
+
+    def step(carry, x):
+        adv_next, v_next = carry
+        r_t, v_t, m_t = x
+        delta = r_t + gamma * v_next - v_t
+        adv = (delta + gamma * lam * adv_next) * m_t
+        return (adv, jnp.where(m_t > 0, v_t, lv)), adv
+
+    xs = (jnp.moveaxis(r, -1, 0), jnp.moveaxis(v, -1, 0), jnp.moveaxis(m, -1, 0))  # [T, ...]
+    _, adv = jax.lax.scan(step, (jnp.zeros(lead, jnp.float32), lv), xs, reverse=True)
+    adv = jnp.moveaxis(adv, 0, -1)
+    return adv, (adv + v) * m
+
+
+def kl_shaped_rewards(
+    scores: jax.Array,
+    logp: jax.Array,
+    logp_ref: jax.Array,
+    mask: jax.Array,
+    *,
+    kl_coef: jax.Array | float,
+    kind: str = "k1",
+) -> jax.Array:
+    """PPO-for-LMs per-token reward with the KL folded in (DeepSeekMath eq. 2; TRL ppo_trainer.py):
+
+        r_t = −kl_coef · k(logp_t, logp_ref_t)     for every valid token,   r_{last valid} += score
+
+    scores: [...] sequence scores; logp (the rollout policy's, π_old), logp_ref, mask: [..., T].
+    k is `kl_penalty(logp, logp_ref, kind)` (k1 = logp − logp_ref, TRL's default). The result is a reward
+    (data), so it is stop-gradient'ed. A sequence with no valid token gets no score. Returns [..., T] float32.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    lp = _f32(logp)
+    chex.assert_equal_shape([lp, _f32(logp_ref), m])
+    s = _f32(scores)
+    chex.assert_shape(s, lp.shape[:-1])
+    T = lp.shape[-1]
+    per_tok = -_f32(kl_coef) * kl_penalty(lp, logp_ref, kind=kind) * m
+    last = T - 1 - jnp.argmax(m[..., ::-1] > 0, axis=-1)  # [...] index of the last valid token
+    has = m.sum(-1) > 0
+    at_last = jax.nn.one_hot(last, T, dtype=jnp.float32) * jnp.where(has, s, 0.0)[..., None]
+    return sg(per_tok + at_last)
+
+
+def clipped_value_loss(
+    values: jax.Array,
+    values_old: jax.Array,
+    returns: jax.Array,
+    mask: jax.Array,
+    *,
+    eps_v: float,
+) -> tuple[jax.Array, jax.Array]:
+    """PPO clipped value loss (TRL ppo_trainer.py; GRPO_MATH.md §2, T8):
+
+        L_V = 0.5 · mean_t max( (V − R̂)², (clip(V, V_old − ε_v, V_old + ε_v) − R̂)² )
+
+    values [..., T] (differentiated), values_old, returns [..., T] (stop-gradient'ed), mask [..., T].
+    Returns (loss scalar, clip_frac = masked fraction of tokens where the clipped error is the larger).
+    T8: V_old 0.5, V 0.9, R̂ 1.0, ε_v 0.2 -> 0.5·max(0.01, 0.09) = 0.045.
+    """
+    v = _f32(values)
+    v_old = sg(_f32(values_old))
+    ret = sg(_f32(returns))
+    m = jnp.asarray(mask, jnp.float32)
+    chex.assert_equal_shape([v, v_old, ret, m])
+    v_clip = jnp.clip(v, v_old - eps_v, v_old + eps_v)
+    unclipped = jnp.square(v - ret)
+    clipped = jnp.square(v_clip - ret)
+    loss = 0.5 * masked_mean(jnp.maximum(unclipped, clipped), m)
+    return loss, sg(masked_mean((clipped > unclipped).astype(jnp.float32), m))
+
+
+class PPOAux(NamedTuple):
+    """Scalar diagnostics of `ppo_loss`."""
+
+    loss: jax.Array
+    pg_loss: jax.Array
+    vf_loss: jax.Array
+    entropy: jax.Array  # masked mean (0 when none given)
+    clip_frac: jax.Array  # policy: fraction of tokens with a zero policy gradient from clipping
+    vf_clip_frac: jax.Array
+    approx_kl: jax.Array  # 0.5 · mean (logp − logp_old)²  (TRL's approxkl)
+    ratio_mean: jax.Array
+
+
+def ppo_loss(
+    logp: jax.Array,
+    logp_old: jax.Array,
+    values: jax.Array,
+    values_old: jax.Array,
+    adv: jax.Array,
+    returns: jax.Array,
+    mask: jax.Array,
+    *,
+    eps: float = 0.2,
+    eps_v: float = 0.2,
+    vf_coef: jax.Array | float = 0.1,
+    entropy_coef: jax.Array | float = 0.0,
+    entropy: jax.Array | None = None,
+) -> tuple[jax.Array, PPOAux]:
+    """Token-level PPO loss for LMs (Schulman et al. 2017; TRL ppo_trainer.py; GRPO_MATH.md §2):
+
+        L = mean_t max(−Â ρ, −Â clip(ρ, 1−ε, 1+ε)) + vf_coef · L_V − entropy_coef · mean_t H
+
+    All inputs [..., T]; adv are per-token GAE advantages (whiten them first if desired); masked token means.
+    Defaults are TRL PPOConfig's (ε = ε_v = 0.2, vf_coef = 0.1). Returns (loss, PPOAux).
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    objective, saux = clipped_surrogate(logp, logp_old, adv, eps_low=eps, eps_high=eps)
+    chex.assert_equal_shape([objective, m])
+    pg_loss = masked_mean(-objective, m)
+    vf_loss, vf_clip_frac = clipped_value_loss(values, values_old, returns, m, eps_v=eps_v)
+    ent = jnp.zeros((), jnp.float32) if entropy is None else masked_mean(entropy, m)
+    loss = pg_loss + _f32(vf_coef) * vf_loss - _f32(entropy_coef) * ent
+    log_ratio = _f32(logp) - _f32(logp_old)
+    aux = PPOAux(
+        loss=loss,
+        pg_loss=pg_loss,
+        vf_loss=vf_loss,
+        entropy=ent,
+        clip_frac=masked_mean(saux.is_low_clipped + saux.is_high_clipped, m),
+        vf_clip_frac=vf_clip_frac,
+        approx_kl=0.5 * masked_mean(jnp.square(log_ratio), m),
+        ratio_mean=masked_mean(saux.ratio, m),
+    )
+    return loss, jax.tree_util.tree_map(sg, aux)

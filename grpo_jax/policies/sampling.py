@@ -1,0 +1,141 @@
+"""KV-cache sampler: G completions per prompt, compiled once per shape.
+
+The prompt of a group is encoded once (`transformer.prefill`) and its cache is shared by the group's G
+samples; each decode step feeds one token per sample (`transformer.decode_step`). The loop is a
+`lax.while_loop` that stops as soon as every sample has emitted EOS (or after `max_new` tokens).
+
+Sampling parameters (temperature, top-k, top-p) are DATA (a `SamplingParams` of arrays), so changing them
+never recompiles; only the shapes (B, P, G, max_new) and the model config are static.
+
+Returned `logp` is the log-probability of each sampled token under softmax(logits / temperature) WITHOUT the
+top-k / top-p truncation: that is the distribution the trainer differentiates (`token_logp` with the same
+temperature), so sampler and trainer log-probs agree by construction (the mismatch is logged as a metric).
+With top-k/top-p active the behaviour distribution is the truncated one; use them for evaluation, or accept
+that bias knowingly (as TRL/vLLM users do).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.policies import transformer as tfm
+
+
+class SamplingParams(NamedTuple):
+    temperature: jax.Array  # [] float32; <= 0 means greedy (argmax), logp then under temperature 1
+    top_k: jax.Array  # [] int32; 0 disables
+    top_p: jax.Array  # [] float32; >= 1 disables
+
+
+def sampling_params(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> SamplingParams:
+    if temperature < 0:
+        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+    if top_k < 0:
+        raise ValueError(f"top_k={top_k}: must be >= 0 (0 = off)")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p={top_p}: must be in (0, 1] (1 = off)")
+    return SamplingParams(
+        jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32), jnp.asarray(top_p, jnp.float32)
+    )
+
+
+class SampleOutput(NamedTuple):
+    tokens: jax.Array  # [B, G, T] int32, pad_id after EOS
+    logp: jax.Array  # [B, G, T] float32, 0 where mask is 0
+    mask: jax.Array  # [B, G, T] float32, 1 for sampled tokens up to and including EOS
+    lengths: jax.Array  # [B, G] int32
+    truncated: jax.Array  # [B, G] bool: no EOS within T tokens
+
+
+def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """Set logits outside the top-k set and outside the top-p nucleus to -inf (one sort serves both)."""
+    srt = jnp.sort(logits, axis=-1)[..., ::-1]  # descending
+    v = logits.shape[-1]
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
+    kth = jnp.take(srt, k - 1, axis=-1)[..., None]
+    probs = jax.nn.softmax(srt, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly before each sorted position
+    n_keep = jnp.maximum(jnp.sum(before < top_p, axis=-1, keepdims=True), 1)
+    pth = jnp.take_along_axis(srt, n_keep - 1, axis=-1)
+    thr = jnp.maximum(kth, pth)
+    return jnp.where(logits >= thr, logits, -jnp.inf)
+
+
+def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
+    """Sample (or argmax) one token per row; return (tokens int32, logp under softmax(logits/temperature))."""
+    greedy = sp.temperature <= 0
+    lg = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, sp.temperature)
+    lsm = jax.nn.log_softmax(lg, axis=-1)
+    need_filter = (sp.top_k > 0) | (sp.top_p < 1.0)
+    filt = jax.lax.cond(need_filter, lambda x: filter_logits(x, sp.top_k, sp.top_p), lambda x: x, lg)
+    sampled = jax.random.categorical(key, filt, axis=-1)
+    tok = jnp.where(greedy, jnp.argmax(lg, axis=-1), sampled).astype(jnp.int32)
+    lp = jnp.take_along_axis(lsm, tok[..., None], axis=-1)[..., 0]
+    return tok, lp
+
+
+def sample(
+    params,
+    cfg: tfm.TransformerConfig,
+    prompt: jax.Array,
+    prompt_mask: jax.Array,
+    key: jax.Array,
+    sp: SamplingParams,
+    *,
+    group: int,
+    max_new: int,
+    eos_id: int,
+    pad_id: int,
+) -> SampleOutput:
+    """Draw `group` completions of up to `max_new` tokens for each left-padded prompt [B, P]."""
+    b = prompt.shape[0]
+    cache, logits0 = tfm.prefill(params, cfg, prompt, prompt_mask, group, max_new)
+    logits = jnp.broadcast_to(logits0[:, None, :], (b, group, logits0.shape[-1]))
+    zeros_i = jnp.full((b, group, max_new), pad_id, jnp.int32)
+    zeros_f = jnp.zeros((b, group, max_new), jnp.float32)
+
+    def cond(state):
+        t, _, _, finished, *_ = state
+        return (t < max_new) & ~jnp.all(finished)
+
+    def body(state):
+        t, cache, logits, finished, toks, lps, msk = state
+        tok, lp = choose_tokens(logits, jax.random.fold_in(key, t), sp)
+        valid = ~finished
+        tok = jnp.where(valid, tok, pad_id)
+        toks = jax.lax.dynamic_update_slice(toks, tok[..., None], (0, 0, t))
+        lps = jax.lax.dynamic_update_slice(lps, jnp.where(valid, lp, 0.0)[..., None], (0, 0, t))
+        msk = jax.lax.dynamic_update_slice(msk, valid.astype(jnp.float32)[..., None], (0, 0, t))
+        finished = finished | (tok == eos_id)
+        cache, logits = tfm.decode_step(params, cfg, cache, tok, t)
+        return t + 1, cache, logits, finished, toks, lps, msk
+
+    init = (jnp.int32(0), cache, logits, jnp.zeros((b, group), bool), zeros_i, zeros_f, zeros_f)
+    _, _, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
+    lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
+    return SampleOutput(toks, lps, msk, lengths, ~finished)
+
+
+@functools.lru_cache(maxsize=64)
+def make_sampler(cfg: tfm.TransformerConfig, *, group: int, max_new: int, eos_id: int, pad_id: int):
+    """A jitted `sampler(params, prompt, prompt_mask, key, sp) -> SampleOutput` (compiled once per shape)."""
+
+    def fn(params, prompt, prompt_mask, key, sp):
+        return sample(
+            params,
+            cfg,
+            prompt,
+            prompt_mask,
+            key,
+            sp,
+            group=group,
+            max_new=max_new,
+            eos_id=eos_id,
+            pad_id=pad_id,
+        )
+
+    return jax.jit(fn)

@@ -1,0 +1,484 @@
+"""Decoder-only transformer LM of the Llama / Qwen2 family, as pure functions over a parameter pytree.
+
+Architecture (Qwen2 = Llama + q/k/v bias): token embedding -> L x [RMSNorm -> GQA self-attention with RoPE
+-> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding or untied),
+plus an optional scalar value head on the final hidden state (for PPO).
+
+Parameters are a plain nested dict; per-layer leaves are STACKED with a leading axis L, so the training
+forward is one `lax.scan` over layers (compile time independent of depth) and the pool (grpo_jax.pool) can
+stack whole policies along another leading axis. Names follow the Hugging Face Qwen2 checkpoint layout
+(`q_proj`, `gate_proj`, ...; kernels are stored [in, out], i.e. transposed w.r.t. torch) so real checkpoints
+map onto it leaf by leaf.
+
+Three entry points, all pure and jit/vmap-safe:
+
+* `forward(params, cfg, tokens, mask)`: plain causal forward over left-padded sequences [N, S]. The
+  reference implementation every other path is tested against.
+* `forward_grouped(params, cfg, prompt, prompt_mask, completions)`: the GRPO training forward. The G
+  completions of a prompt share that prompt, so the prompt is encoded ONCE per prompt ([B, P] tokens, not
+  [B*G, P]) and completion queries attend to the shared prompt keys plus their own causal completion keys.
+  Returns logits for every completion token. Identical (to float rounding) to `forward` on the
+  concatenated sequences, at (P + G*T)/(G*(P+T)) of the token work.
+* `prefill` / `decode_step`: the KV-cache path used by `grpo_jax.policies.sampling`; the prompt cache is
+  shared by the G samples of a prompt in the same way.
+
+Shapes: B prompts, G completions per prompt, P prompt tokens (left-padded), T completion tokens, V vocab,
+L layers, H query heads, K kv heads (H % K == 0), Dh head dim, D model width, F MLP width.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Params = dict[str, Any]
+
+_NEG_INF = -1e30  # large finite negative: keeps fully-masked rows finite (they are masked out later)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    head_dim: int | None = None  # default d_model // n_heads
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2: True; Llama: False
+    tie_embeddings: bool = True
+    value_head: bool = False
+    compute_dtype: str = "float32"  # "bfloat16" for accelerators; logits and softmax stay float32
+    param_dtype: str = "float32"
+    remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"TransformerConfig.{field}={getattr(self, field)!r}: {why}")
+
+        for f in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"):
+            if int(getattr(self, f)) < 1:
+                bad(f, "must be a positive integer")
+        if self.n_heads % self.n_kv_heads:
+            bad("n_kv_heads", f"must divide n_heads={self.n_heads} (grouped-query attention)")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            bad("n_heads", f"must divide d_model={self.d_model} unless head_dim is given")
+        if self.dim_head % 2:
+            bad("head_dim", "must be even (RoPE rotates pairs)")
+        for f in ("compute_dtype", "param_dtype"):
+            if getattr(self, f) not in ("float32", "bfloat16", "float16"):
+                bad(f, "valid: float32, bfloat16, float16")
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def group(self) -> int:
+        return self.n_heads // self.n_kv_heads
+
+    def num_params(self) -> int:
+        d, f, v, h, k, dh, n = (
+            self.d_model,
+            self.d_ff,
+            self.vocab_size,
+            self.n_heads,
+            self.n_kv_heads,
+            self.dim_head,
+            self.n_layers,
+        )
+        attn = d * h * dh * 2 + d * k * dh * 2 + (h * dh + 2 * k * dh if self.qkv_bias else 0)
+        layer = attn + 3 * d * f + 2 * d
+        head = 0 if self.tie_embeddings else d * v
+        return n * layer + v * d + d + head + (d + 1 if self.value_head else 0)
+
+    def matmul_flops_per_token(self, context: int) -> int:
+        """Forward FLOPs per token (2 per multiply-add): weight matmuls + attention over `context` keys."""
+        d, f, v, h, k, dh = (
+            self.d_model,
+            self.d_ff,
+            self.vocab_size,
+            self.n_heads,
+            self.n_kv_heads,
+            self.dim_head,
+        )
+        proj = 2 * (d * h * dh * 2 + d * k * dh * 2 + 3 * d * f)
+        attn = 2 * 2 * h * dh * context
+        return self.n_layers * (proj + attn) + 2 * d * v
+
+
+# Sizes used by the benchmark and tests (Qwen2 style: q/k/v bias, untied head).
+TINY = TransformerConfig(
+    vocab_size=512,
+    d_model=256,
+    n_layers=4,
+    n_heads=4,
+    n_kv_heads=4,
+    d_ff=1024,
+    qkv_bias=True,
+    tie_embeddings=False,
+)
+SMALL = TransformerConfig(
+    vocab_size=512,
+    d_model=512,
+    n_layers=8,
+    n_heads=8,
+    n_kv_heads=8,
+    d_ff=2048,
+    qkv_bias=True,
+    tie_embeddings=False,
+)
+
+
+def _dt(name: str):
+    return jnp.dtype(name)
+
+
+def init_params(cfg: TransformerConfig, key: jax.Array) -> Params:
+    """Random init: N(0, init_std) weights, zero biases, unit norms; output projections x 1/sqrt(2L)."""
+    pd = _dt(cfg.param_dtype)
+    d, f, h, k, dh, n, v = (
+        cfg.d_model,
+        cfg.d_ff,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.dim_head,
+        cfg.n_layers,
+        cfg.vocab_size,
+    )
+    keys = iter(jax.random.split(key, 16))
+    std = cfg.init_std
+    out_std = std / math.sqrt(2 * n)
+
+    def normal(shape, s):
+        return (s * jax.random.normal(next(keys), shape, jnp.float32)).astype(pd)
+
+    def dense(din, dout, s, bias):
+        p = {"kernel": normal((n, din, dout), s)}
+        if bias:
+            p["bias"] = jnp.zeros((n, dout), pd)
+        return p
+
+    layers = {
+        "attn_norm": jnp.ones((n, d), pd),
+        "q_proj": dense(d, h * dh, std, cfg.qkv_bias),
+        "k_proj": dense(d, k * dh, std, cfg.qkv_bias),
+        "v_proj": dense(d, k * dh, std, cfg.qkv_bias),
+        "o_proj": dense(h * dh, d, out_std, False),
+        "mlp_norm": jnp.ones((n, d), pd),
+        "gate_proj": dense(d, f, std, False),
+        "up_proj": dense(d, f, std, False),
+        "down_proj": dense(f, d, out_std, False),
+    }
+    params: Params = {"embed": normal((v, d), std), "layers": layers, "final_norm": jnp.ones((d,), pd)}
+    if not cfg.tie_embeddings:
+        params["lm_head"] = normal((d, v), std)
+    if cfg.value_head:
+        params["value_head"] = {"kernel": jnp.zeros((d, 1), pd), "bias": jnp.zeros((1,), pd)}
+    return params
+
+
+# ----------------------------------------------------------------------------------------------------------
+# building blocks
+
+
+def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 (Zhang & Sennrich 2019; Llama/Qwen2)."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return (y * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def dense(x: jax.Array, p: dict, dtype) -> jax.Array:
+    """x @ kernel (+ bias) (+ LoRA: x @ lora_a @ lora_b * lora_scale when adapters are merged into `p`)."""
+    y = x @ p["kernel"].astype(dtype)
+    if "bias" in p:
+        y = y + p["bias"].astype(dtype)
+    if "lora_a" in p:
+        y = y + ((x @ p["lora_a"].astype(dtype)) @ p["lora_b"].astype(dtype)) * p["lora_scale"].astype(dtype)
+    return y
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+    """Rotary position embedding (Su et al. 2021), rotate-half convention of Llama/Qwen2 checkpoints.
+
+    x: [..., S, heads, Dh]; positions: [..., S] (integer)."""
+    dh = x.shape[-1]
+    inv = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # [Dh/2]
+    ang = positions.astype(jnp.float32)[..., None] * inv  # [..., S, Dh/2]
+    cos = jnp.cos(ang)[..., None, :]  # [..., S, 1, Dh/2]
+    sin = jnp.sin(ang)[..., None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : dh // 2], xf[..., dh // 2 :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, dtype):
+    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated)."""
+    lead = h.shape[:-1]
+    q = dense(h, lp["q_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
+    k = dense(h, lp["k_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    v = dense(h, lp["v_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    qf = q.reshape(*lead, cfg.n_heads, cfg.dim_head)
+    q = rope(qf, positions, cfg.rope_theta).reshape(q.shape)
+    k = rope(k, positions, cfg.rope_theta)
+    return q, k, v
+
+
+def _mlp(cfg: TransformerConfig, lp: dict, x: jax.Array, dtype) -> jax.Array:
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+    g = dense(h, lp["gate_proj"], dtype)
+    u = dense(h, lp["up_proj"], dtype)
+    return x + dense(jax.nn.silu(g) * u, lp["down_proj"], dtype)
+
+
+def _softmax_attend(scores: list[jax.Array], masks: list[jax.Array]):
+    """Joint softmax over several key blocks. scores[i]: [..., Si] float32; masks broadcastable to them."""
+    s = [jnp.where(m, sc, _NEG_INF) for sc, m in zip(scores, masks, strict=True)]
+    mx = jnp.max(jnp.concatenate([jnp.max(x, axis=-1, keepdims=True) for x in s], axis=-1), -1, keepdims=True)
+    e = [jnp.exp(x - mx) * m for x, m in zip(s, masks, strict=True)]
+    den = sum(jnp.sum(x, axis=-1, keepdims=True) for x in e)
+    den = jnp.maximum(den, 1e-30)
+    return [x / den for x in e]
+
+
+def _out_proj(cfg: TransformerConfig, lp: dict, x: jax.Array, o: jax.Array, dtype) -> jax.Array:
+    """o: [..., S, K, group, Dh] attention output -> residual add."""
+    o = o.reshape(*o.shape[:-3], cfg.n_heads * cfg.dim_head).astype(dtype)
+    return x + dense(o, lp["o_proj"], dtype)
+
+
+def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
+    """carry = fn(carry, layer_params) over the stacked layers (lax.scan; optional remat)."""
+    body = jax.checkpoint(fn) if cfg.remat else fn
+
+    def step(c, lp):
+        return body(c, lp), None
+
+    carry, _ = jax.lax.scan(step, carry, layers)
+    return carry
+
+
+def _head(cfg: TransformerConfig, params: Params, x: jax.Array):
+    """Final norm + LM head (float32 logits) + optional value head."""
+    h = rms_norm(x, params["final_norm"], cfg.rms_eps)
+    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    logits = (h @ w.astype(h.dtype)).astype(jnp.float32)
+    values = None
+    if cfg.value_head:
+        vh = params["value_head"]
+        values = (h.astype(jnp.float32) @ vh["kernel"].astype(jnp.float32) + vh["bias"].astype(jnp.float32))[
+            ..., 0
+        ]
+    return logits, values
+
+
+def prompt_positions(mask: jax.Array) -> jax.Array:
+    """RoPE positions of left-padded tokens: 0 at the first real token (pads get 0 and are masked)."""
+    return jnp.maximum(jnp.cumsum(mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# plain forward (reference path)
+
+
+def forward(params: Params, cfg: TransformerConfig, tokens: jax.Array, mask: jax.Array):
+    """Causal forward over left-padded sequences.
+
+    tokens, mask: [N, S] (mask 1 for real tokens). Returns (logits [N, S, V] float32, values [N, S] | None);
+    position s predicts token s+1."""
+    dtype = _dt(cfg.compute_dtype)
+    mask = mask.astype(bool)
+    pos = prompt_positions(mask)
+    x = params["embed"][tokens].astype(dtype)
+    s = tokens.shape[-1]
+    causal = jnp.tril(jnp.ones((s, s), bool))
+    allowed = causal[None, None, None] & mask[:, None, None, None, :]  # [N,1,1,S,S]
+    scale = 1.0 / math.sqrt(cfg.dim_head)
+
+    def layer(x, lp):
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q, k, v = _qkv(cfg, lp, h, pos, dtype)  # q [N,S,K,g,Dh]
+        sc = jnp.einsum("nskgd,ntkd->nkgst", q, k, preferred_element_type=jnp.float32) * scale
+        (w,) = _softmax_attend([sc], [allowed])
+        o = jnp.einsum("nkgst,ntkd->nskgd", w.astype(dtype), v)
+        x = _out_proj(cfg, lp, x, o, dtype)
+        return _mlp(cfg, lp, x, dtype)
+
+    x = _scan_layers(cfg, params["layers"], layer, x)
+    return _head(cfg, params, x)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# grouped (shared-prompt) forward for training
+
+
+def forward_grouped(
+    params: Params,
+    cfg: TransformerConfig,
+    prompt: jax.Array,
+    prompt_mask: jax.Array,
+    completions: jax.Array,
+):
+    """Logits of every completion token, with the prompt encoded once per group.
+
+    prompt, prompt_mask: [B, P] left-padded; completions: [B, G, T]. Returns (logits [B, G, T, V] float32,
+    values [B, G, T] | None), where logits[b, g, t] is the distribution of completions[b, g, t] (it is read
+    from the last prompt position for t = 0 and from completion token t-1 otherwise). Completion tokens after
+    EOS are whatever the batch holds; they never influence earlier positions (causality); callers mask them.
+    """
+    dtype = _dt(cfg.compute_dtype)
+    pmask = prompt_mask.astype(bool)
+    ppos = prompt_positions(pmask)  # [B,P]
+    plen = jnp.sum(pmask, axis=-1).astype(jnp.int32)  # [B]
+    b, g, t = completions.shape
+    p = prompt.shape[-1]
+    cpos = jnp.broadcast_to(plen[:, None, None] + jnp.arange(t, dtype=jnp.int32), (b, g, t))
+    xp = params["embed"][prompt].astype(dtype)  # [B,P,D]
+    xc = params["embed"][completions].astype(dtype)  # [B,G,T,D]
+    pcausal = jnp.tril(jnp.ones((p, p), bool))
+    p_allowed = pcausal[None, None, None] & pmask[:, None, None, None, :]  # [B,1,1,P,P]
+    c_to_p = pmask[:, None, None, None, None, :]  # [B,1,1,1,1,P]  (completion -> prompt keys)
+    c_causal = jnp.tril(jnp.ones((t, t), bool))[None, None, None, None]  # [1,1,1,1,T,T]
+    scale = 1.0 / math.sqrt(cfg.dim_head)
+
+    def layer(carry, lp):
+        xp, xc = carry
+        hp = rms_norm(xp, lp["attn_norm"], cfg.rms_eps)
+        hc = rms_norm(xc, lp["attn_norm"], cfg.rms_eps)
+        qp, kp, vp = _qkv(cfg, lp, hp, ppos, dtype)  # qp [B,P,K,g,Dh], kp [B,P,K,Dh]
+        qc, kc, vc = _qkv(cfg, lp, hc, cpos, dtype)  # qc [B,G,T,K,g,Dh], kc [B,G,T,K,Dh]
+        # prompt self-attention
+        sp = jnp.einsum("bskgd,btkd->bkgst", qp, kp, preferred_element_type=jnp.float32) * scale
+        (wp,) = _softmax_attend([sp], [p_allowed])
+        op = jnp.einsum("bkgst,btkd->bskgd", wp.astype(dtype), vp)
+        # completion attention: shared prompt keys + own causal completion keys (joint softmax)
+        s1 = jnp.einsum("bhtkgd,bskd->bhkgts", qc, kp, preferred_element_type=jnp.float32) * scale
+        s2 = jnp.einsum("bhtkgd,bhskd->bhkgts", qc, kc, preferred_element_type=jnp.float32) * scale
+        w1, w2 = _softmax_attend([s1, s2], [c_to_p, c_causal])
+        oc = jnp.einsum("bhkgts,bskd->bhtkgd", w1.astype(dtype), vp) + jnp.einsum(
+            "bhkgts,bhskd->bhtkgd", w2.astype(dtype), vc
+        )
+        xp = _mlp(cfg, lp, _out_proj(cfg, lp, xp, op, dtype), dtype)
+        xc = _mlp(cfg, lp, _out_proj(cfg, lp, xc, oc, dtype), dtype)
+        return xp, xc
+
+    xp, xc = _scan_layers(cfg, params["layers"], layer, (xp, xc))
+    # hidden state that predicts completion token t: last prompt position (t=0), else completion t-1
+    last = jnp.broadcast_to(xp[:, None, -1:, :], (b, g, 1, xp.shape[-1]))
+    hid = jnp.concatenate([last, xc[:, :, :-1]], axis=2)  # [B,G,T,D]
+    return _head(cfg, params, hid)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# KV-cache path for sampling
+
+
+class KVCache(NamedTuple):
+    """Prompt cache shared by a group + per-sample completion cache.
+
+    prompt_k/v: [L, B, P, K, Dh]; comp_k/v: [L, B, G, T, K, Dh]; prompt_mask [B, P]; prompt_len [B]."""
+
+    prompt_k: jax.Array
+    prompt_v: jax.Array
+    comp_k: jax.Array
+    comp_v: jax.Array
+    prompt_mask: jax.Array
+    prompt_len: jax.Array
+
+
+def prefill(
+    params: Params,
+    cfg: TransformerConfig,
+    prompt: jax.Array,
+    prompt_mask: jax.Array,
+    group: int,
+    max_new: int,
+):
+    """Encode the prompts once; return (cache with empty completion part, logits [B, V] of the next token)."""
+    dtype = _dt(cfg.compute_dtype)
+    pmask = prompt_mask.astype(bool)
+    ppos = prompt_positions(pmask)
+    b, p = prompt.shape
+    x = params["embed"][prompt].astype(dtype)
+    allowed = jnp.tril(jnp.ones((p, p), bool))[None, None, None] & pmask[:, None, None, None, :]
+    scale = 1.0 / math.sqrt(cfg.dim_head)
+
+    def layer(x, lp):
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q, k, v = _qkv(cfg, lp, h, ppos, dtype)
+        sc = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32) * scale
+        (w,) = _softmax_attend([sc], [allowed])
+        o = jnp.einsum("bkgst,btkd->bskgd", w.astype(dtype), v)
+        x = _mlp(cfg, lp, _out_proj(cfg, lp, x, o, dtype), dtype)
+        return x, (k, v)
+
+    x, (ks, vs) = jax.lax.scan(layer, x, params["layers"])  # ks [L,B,P,K,Dh]
+    logits, _ = _head(cfg, params, x[:, -1])
+    shape = (cfg.n_layers, b, group, max_new, cfg.n_kv_heads, cfg.dim_head)
+    cache = KVCache(
+        prompt_k=ks,
+        prompt_v=vs,
+        comp_k=jnp.zeros(shape, dtype),
+        comp_v=jnp.zeros(shape, dtype),
+        prompt_mask=pmask,
+        prompt_len=jnp.sum(pmask, axis=-1).astype(jnp.int32),
+    )
+    return cache, logits
+
+
+def decode_step(params: Params, cfg: TransformerConfig, cache: KVCache, tokens: jax.Array, t: jax.Array):
+    """Feed completion token t ([B, G]) at index t; return (cache, logits [B, G, V] for token t+1)."""
+    dtype = _dt(cfg.compute_dtype)
+    b, g = tokens.shape
+    tmax = cache.comp_k.shape[3]
+    pos = (cache.prompt_len[:, None] + t).astype(jnp.int32)[..., None]  # [B,G,1]
+    x = params["embed"][tokens][:, :, None, :].astype(dtype)  # [B,G,1,D]
+    pmask = cache.prompt_mask[:, None, None, None, None, :]  # [B,1,1,1,1,P]
+    cmask = (jnp.arange(tmax) <= t)[None, None, None, None, None, :]  # [1,1,1,1,1,T]
+    scale = 1.0 / math.sqrt(cfg.dim_head)
+    comp_k, comp_v = cache.comp_k, cache.comp_v
+
+    def layer(carry, xs):
+        x, comp_k, comp_v = carry
+        lp, li, pk, pv = xs
+        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        q, k, v = _qkv(cfg, lp, h, pos, dtype)  # q [B,G,1,K,g,Dh], k [B,G,1,K,Dh]
+        comp_k = jax.lax.dynamic_update_slice(comp_k, k[None].astype(comp_k.dtype), (li, 0, 0, t, 0, 0))
+        comp_v = jax.lax.dynamic_update_slice(comp_v, v[None].astype(comp_v.dtype), (li, 0, 0, t, 0, 0))
+        ck = jax.lax.dynamic_index_in_dim(comp_k, li, 0, keepdims=False)  # [B,G,T,K,Dh]
+        cv = jax.lax.dynamic_index_in_dim(comp_v, li, 0, keepdims=False)
+        s1 = jnp.einsum("bhtkgd,bskd->bhkgts", q, pk, preferred_element_type=jnp.float32) * scale
+        s2 = jnp.einsum("bhtkgd,bhskd->bhkgts", q, ck, preferred_element_type=jnp.float32) * scale
+        w1, w2 = _softmax_attend([s1, s2], [pmask, cmask])
+        o = jnp.einsum("bhkgts,bskd->bhtkgd", w1.astype(dtype), pv) + jnp.einsum(
+            "bhkgts,bhskd->bhtkgd", w2.astype(dtype), cv
+        )
+        x = _mlp(cfg, lp, _out_proj(cfg, lp, x, o, dtype), dtype)
+        return (x, comp_k, comp_v), None
+
+    xs = (params["layers"], jnp.arange(cfg.n_layers), cache.prompt_k, cache.prompt_v)
+    (x, comp_k, comp_v), _ = jax.lax.scan(layer, (x, comp_k, comp_v), xs)
+    logits, _ = _head(cfg, params, x[:, :, 0])
+    return cache._replace(comp_k=comp_k, comp_v=comp_v), logits
+
+
+# ----------------------------------------------------------------------------------------------------------
+# token log-probabilities
+
+
+def token_logp(logits: jax.Array, tokens: jax.Array, temperature: float | jax.Array = 1.0):
+    """(logp of `tokens` under softmax(logits / temperature), per-position entropy), both float32."""
+    lg = logits.astype(jnp.float32) / temperature
+    lsm = jax.nn.log_softmax(lg, axis=-1)
+    logp = jnp.take_along_axis(lsm, tokens[..., None], axis=-1)[..., 0]
+    ent = -jnp.sum(jnp.exp(lsm) * lsm, axis=-1)
+    return logp, ent

@@ -1,0 +1,911 @@
+"""Fork-server ("zygote") for one executor slot. Stdlib only; never imports grpo_jax or jax.
+
+Started by the executor as ``/usr/bin/python3 -I -S -c <this file's text> <config-json>`` (the source is
+passed with -c so that no project path has to be readable by anyone). It speaks length-prefixed frames on the
+fds it got as stdin (requests) and stdout (responses). Namespace modes ("root", "userns"):
+
+    outer (the Popen'd process): private mount/net/uts namespaces (+ a user namespace in "userns" mode),
+      │   pivot_root into a minimal read-only root; then unshare(NEWPID) and fork; waits for S
+      └─ S  pid 1 of the slot's own pid namespace (PDEATHSIG=KILL), mounts its /proc; serves requests:
+          per program: a fresh size-capped tmpfs on /tmp, fork C, enforce wall/output/result caps, then
+          kill(-1, SIGKILL) from pid 1 (only reaches this namespace) until no other process is left
+          └─ C  unshare(NEWIPC), rlimits, setgroups/setgid/setuid(slot uid) (root mode) or all capabilities
+                dropped (userns mode), no_new_privs, seccomp, cleared env, stdin=/dev/null,
+                stdout+stderr -> output pipe, fd 3 -> result pipe; runs the harness (program, calls, check)
+
+In the "rlimits" mode there are no namespaces: the zygote forks C directly (new session, temporary work dir),
+and the tree kill is best effort (process group + session sweep).
+
+Everything the child sends back is raw bytes (size-capped here); the parent parses and grades them.
+"""
+
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import resource
+import select
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+import types
+
+# Warm the stdlib the programs commonly import, so the forked children get them for free.
+for _m in (
+    "math",
+    "re",
+    "collections",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "string",
+    "typing",
+    "random",
+    "operator",
+    "copy",
+    "fractions",
+    "decimal",
+    "statistics",
+    "datetime",
+    "dataclasses",
+    "traceback",
+    "io",
+    "hashlib",
+    "enum",
+    "threading",
+    "unittest",
+):
+    try:
+        __import__(_m)
+    except Exception:  # pragma: no cover - a missing optional module is fine
+        pass
+
+import traceback  # noqa: E402
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+CLONE_NEWCGROUP = 0x02000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MNT_DETACH = 2
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+RESULT_FD = 3
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.restype = ctypes.c_long
+
+
+def _check(rc, what):
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+def _mount(src, target, fstype, flags, data=None):
+    _check(
+        _libc.mount(
+            src.encode() if src else None,
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        ),
+        f"mount {target}",
+    )
+
+
+def _prctl(opt, a=0, b=0, c=0, d=0):
+    _check(_libc.prctl(opt, a, b, c, d), f"prctl {opt}")
+
+
+def _unshare(flags):
+    _check(_libc.unshare(flags), f"unshare {flags:#x}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# seccomp (libseccomp via ctypes); the filter is built once here and loaded in every child
+# ---------------------------------------------------------------------------------------------------------
+class _ArgCmp(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("a", ctypes.c_uint64), ("b", ctypes.c_uint64)]
+
+
+DENY_SYSCALLS = (
+    "ptrace process_vm_readv process_vm_writev mount umount2 unshare setns pivot_root chroot bpf "
+    "perf_event_open keyctl add_key request_key io_uring_setup io_uring_enter io_uring_register kexec_load "
+    "kexec_file_load reboot swapon swapoff init_module finit_module delete_module userfaultfd "
+    "open_by_handle_at name_to_handle_at acct quotactl lookup_dcookie fanotify_init syslog fsopen fsmount "
+    "fsconfig move_mount open_tree fspick mount_setattr pidfd_getfd kcmp add_key vhangup"
+).split()
+NS_FLAGS = (
+    CLONE_NEWNS,
+    CLONE_NEWUTS,
+    CLONE_NEWIPC,
+    CLONE_NEWUSER,
+    CLONE_NEWPID,
+    CLONE_NEWNET,
+    CLONE_NEWCGROUP,
+)
+
+
+class Seccomp:
+    def __init__(self):
+        name = ctypes.util.find_library("seccomp") or "libseccomp.so.2"
+        lib = ctypes.CDLL(name, use_errno=True)
+        lib.seccomp_init.restype = ctypes.c_void_p
+        lib.seccomp_init.argtypes = [ctypes.c_uint32]
+        lib.seccomp_syscall_resolve_name.argtypes = [ctypes.c_char_p]
+        lib.seccomp_rule_add_array.argtypes = [
+            ctypes.c_void_p,
+            ctypes.c_uint32,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.POINTER(_ArgCmp),
+        ]
+        lib.seccomp_load.argtypes = [ctypes.c_void_p]
+        self.lib = lib
+        allow, eperm, enosys = 0x7FFF0000, 0x00050000 | errno.EPERM, 0x00050000 | errno.ENOSYS
+        ctx = lib.seccomp_init(allow)
+        if not ctx:
+            raise OSError("seccomp_init failed")
+        self.ctx = ctx
+        self.denied = []
+
+        def add(name, action, cmps=()):
+            nr = lib.seccomp_syscall_resolve_name(name.encode())
+            if nr < 0:  # unknown on this arch/libseccomp: nothing to deny
+                return
+            arr = (_ArgCmp * max(1, len(cmps)))(*[_ArgCmp(*c) for c in cmps])
+            rc = lib.seccomp_rule_add_array(ctx, action, nr, len(cmps), arr)
+            if rc != 0:
+                raise OSError(-rc, f"seccomp_rule_add {name}")
+            self.denied.append(name)
+
+        for name in DENY_SYSCALLS:
+            add(name, eperm)
+        add("clone3", enosys)  # glibc falls back to clone(2), whose flags we can inspect
+        for bit in NS_FLAGS:
+            add("clone", eperm, [(0, 7, bit, bit)])  # SCMP_CMP_MASKED_EQ: flags & bit == bit
+        add("socket", eperm, [(0, 1, 1, 0)])  # SCMP_CMP_NE AF_UNIX: only unix sockets
+
+    def load(self):
+        rc = self.lib.seccomp_load(self.ctx)
+        if rc != 0:
+            raise OSError(-rc, "seccomp_load")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The minimal root (namespace modes)
+# ---------------------------------------------------------------------------------------------------------
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def build_root(userns):
+    """Enter private mount/net/uts namespaces and pivot into a read-only root with /usr, /etc and a few
+    devices; there is no /home, /root, /work, /var, /sys or host /tmp in it."""
+    if userns:
+        uid, gid = os.getuid(), os.getgid()
+        _unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS)
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
+    else:
+        _unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWUTS)
+    try:
+        import socket
+
+        socket.sethostname("sandbox")
+    except Exception:
+        pass
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    # The new root is a small tmpfs mounted over /tmp inside our private mount namespace (the host's /tmp is
+    # untouched and nothing is left behind on the host).
+    root = "/tmp"
+    _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=256,mode=0755")
+    ro = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+
+    def bind_ro(src, dst):
+        _mount(src, dst, None, MS_BIND | MS_REC)
+        try:
+            _mount(None, dst, None, ro)
+        except OSError:
+            if not userns:
+                raise
+            _mount(None, dst, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+
+    for d in ("usr", "etc"):
+        os.mkdir(f"{root}/{d}")
+        bind_ro(f"/{d}", f"{root}/{d}")
+    for d in ("bin", "lib", "lib64", "sbin", "lib32", "libx32"):
+        if os.path.islink(f"/{d}"):
+            os.symlink(os.readlink(f"/{d}"), f"{root}/{d}")
+        elif os.path.isdir(f"/{d}"):
+            os.mkdir(f"{root}/{d}")
+            bind_ro(f"/{d}", f"{root}/{d}")
+    os.mkdir(f"{root}/dev")
+    for dev in ("null", "zero", "full", "random", "urandom"):
+        open(f"{root}/dev/{dev}", "w").close()
+        _mount(f"/dev/{dev}", f"{root}/dev/{dev}", None, MS_BIND)
+    os.symlink("/proc/self/fd", f"{root}/dev/fd")
+    for i, n in enumerate(("stdin", "stdout", "stderr")):
+        os.symlink(f"/proc/self/fd/{i}", f"{root}/dev/{n}")
+    os.symlink("/tmp", f"{root}/dev/shm")
+    os.mkdir(f"{root}/proc")
+    if userns:  # a fresh proc needs a fully visible one in the mount ns; the child mounts over it
+        _mount("/proc", f"{root}/proc", None, MS_BIND | MS_REC)
+    else:
+        _mount("proc", f"{root}/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.mkdir(f"{root}/tmp", 0o755)
+    os.mkdir(f"{root}/.old")
+    _check(_libc.syscall(155, root.encode(), f"{root}/.old".encode()), "pivot_root")  # SYS_pivot_root
+    os.chdir("/")
+    _check(_libc.umount2(b"/.old", MNT_DETACH), "umount old root")
+    os.rmdir("/.old")
+    _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, "size=1m,nr_inodes=256,mode=0755")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The harness that runs inside the sandboxed child (C3). Untrusted code shares this interpreter: nothing here
+# is a security boundary, it only produces plain data for the parent to judge.
+# ---------------------------------------------------------------------------------------------------------
+_dumps = json.dumps
+_perf = time.perf_counter
+_write_fd = os.write
+_exit = os._exit
+_compile = compile
+_type = type
+_len = len
+# the harness must not depend on names the program can rebind (builtins.isinstance = ..., etc.)
+_isinstance = isinstance
+_enumerate = enumerate
+_str = str
+_abs = abs
+_hex = hex
+_exec = exec
+_eval = eval
+_BaseException = BaseException
+_ModuleType = types.ModuleType
+_sys_modules = sys.modules
+MAX_DEPTH = 100
+
+
+def _tag(v, depth=0):
+    """Plain data only. Instances of subclasses of the builtin types (Counter, defaultdict, namedtuple, or an
+    int subclass with a rigged __eq__) are reduced to their underlying builtin data through the base class's
+    own methods, so nothing the program overrides is consulted; the parent then compares plain values."""
+    if depth > MAX_DEPTH:
+        raise ValueError("result nested too deeply")
+    t = _type(v)
+    if v is None or t is bool or t is str:
+        return v
+    if t is int:
+        return {"i": _hex(v)} if _abs(v) > (1 << 53) else {"i": v}
+    if t is float:
+        return {"f": float.__repr__(v)}
+    if t is list:
+        return {"l": [_tag(x, depth + 1) for x in v]}
+    if t is tuple:
+        return {"t": [_tag(x, depth + 1) for x in v]}
+    if t is dict:
+        return {"d": [[_tag(k, depth + 1), _tag(x, depth + 1)] for k, x in v.items()]}
+    if t is set:
+        return {"s": [_tag(x, depth + 1) for x in v]}
+    if t is frozenset:
+        return {"fs": [_tag(x, depth + 1) for x in v]}
+    if t is bytes:
+        return {"b": v.hex()}
+    if t is complex:
+        return {"c": [float.__repr__(v.real), float.__repr__(v.imag)]}
+    # subclasses of builtins: take the base data with the base class's methods
+    if _isinstance(v, int):  # bool cannot be subclassed
+        return _tag(int.__index__(v), depth)
+    if _isinstance(v, float):
+        return _tag(float.__float__(v), depth)
+    if _isinstance(v, str):
+        return str.__str__(v)
+    if _isinstance(v, dict):
+        return {"d": [[_tag(k, depth + 1), _tag(x, depth + 1)] for k, x in dict.items(v)]}
+    if _isinstance(v, tuple):
+        return {"t": [_tag(x, depth + 1) for x in tuple.__iter__(v)]}
+    if _isinstance(v, list):
+        return {"l": [_tag(x, depth + 1) for x in list.__iter__(v)]}
+    if _isinstance(v, frozenset):
+        return {"fs": [_tag(x, depth + 1) for x in frozenset.__iter__(v)]}
+    if _isinstance(v, set):
+        return {"s": [_tag(x, depth + 1) for x in set.__iter__(v)]}
+    raise TypeError(f"unsupported result type {t.__name__}")
+
+
+def _emit(rec):
+    data = (_dumps(rec) + "\n").encode("utf-8", "surrogatepass")
+    while data:
+        n = _write_fd(RESULT_FD, data)
+        data = data[n:]
+
+
+def _short(e):
+    try:
+        msg = _str(e)
+    except _BaseException:
+        msg = "<unprintable>"
+    return _type(e).__name__, msg[:300]
+
+
+def harness(req):
+    """Run setup + program, then each test call independently, then the child check. Never returns."""
+    try:
+        mod = _ModuleType("__main__")
+        mod.__dict__["__builtins__"] = __builtins__
+        _sys_modules["__main__"] = mod
+        g = mod.__dict__
+        sys.argv = ["solution.py"]
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), 3000))
+        try:
+            code_setup = _compile(req.get("setup") or "", "<setup>", "exec")
+            code_prog = _compile(req["program"], "solution.py", "exec")
+        except _BaseException as e:  # SyntaxError, ValueError (null bytes), UnicodeEncodeError, MemoryError
+            et, msg = _short(e)
+            _emit({"k": "syntax", "exc": et, "msg": msg})
+            _flush_exit(0)
+        calls = []
+        for i, call in _enumerate(req.get("calls") or ()):
+            try:
+                calls.append(_compile(call, f"<test {i}>", "eval"))
+            except _BaseException as e:
+                calls.append(e)
+        check = req.get("check")
+        try:
+            _exec(code_prog, g)
+            _exec(code_setup, g)  # MBPP's test_setup_code uses names the program defines
+        except _BaseException as e:
+            et, msg = _short(e)
+            _emit({"k": "prog_err", "exc": et, "msg": msg})
+            _flush_exit(0)
+        _emit({"k": "start"})
+        for i, c in _enumerate(calls):
+            t0 = _perf()
+            if _isinstance(c, _BaseException):
+                et, msg = _short(c)
+                _emit({"k": "t", "i": i, "exc": et, "msg": msg, "s": 0.0})
+                continue
+            try:
+                v = _eval(c, g)
+                dt = _perf() - t0
+                try:
+                    tagged = _tag(v)
+                except _BaseException as e:
+                    et, msg = _short(e)
+                    _emit({"k": "t", "i": i, "bad": msg, "s": dt})
+                    continue
+                _emit({"k": "t", "i": i, "v": tagged, "s": dt})
+            except _BaseException as e:
+                dt = _perf() - t0
+                et, msg = _short(e)
+                _emit({"k": "t", "i": i, "exc": et, "msg": msg, "s": dt})
+        if check is not None:
+            try:
+                code_check = _compile(check, "<check>", "exec")
+                _exec(code_check, g)
+                _emit({"k": "check", "ok": True})
+            except _BaseException as e:
+                et, msg = _short(e)
+                _emit({"k": "check", "ok": False, "exc": et, "msg": msg})
+        _emit({"k": "done"})
+    except _BaseException:
+        pass
+    _flush_exit(0)
+
+
+def _flush_exit(code):
+    for s in (sys.stdout, sys.stderr):
+        try:
+            s.flush()
+        except BaseException:
+            pass
+    _exit(code)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Child setup
+# ---------------------------------------------------------------------------------------------------------
+def _set_rlimits(lim, mode, nproc=None):
+    R = resource
+
+    def setl(which, soft, hard=None):
+        hard = soft if hard is None else hard
+        try:
+            cur_s, cur_h = R.getrlimit(which)
+            if cur_h != R.RLIM_INFINITY and mode != "root":
+                hard = min(hard, cur_h)
+                soft = min(soft, hard)
+            R.setrlimit(which, (soft, hard))
+        except (ValueError, OSError):
+            if mode == "root":
+                raise
+
+    setl(R.RLIMIT_CPU, int(lim["cpu_s"]), int(lim["cpu_s"]) + 1)
+    setl(R.RLIMIT_AS, int(lim["memory_bytes"]))
+    setl(R.RLIMIT_FSIZE, int(lim["file_bytes"]))
+    setl(R.RLIMIT_NOFILE, int(lim["open_files"]))
+    setl(R.RLIMIT_CORE, 0)
+    setl(R.RLIMIT_STACK, 8 << 20)
+    setl(R.RLIMIT_MEMLOCK, 0)
+    setl(R.RLIMIT_MSGQUEUE, 0)
+    # NPROC counts every process of the real uid system wide: exact with a dedicated uid per slot (root mode),
+    # otherwise a coarse cap above what the user already runs
+    setl(R.RLIMIT_NPROC, int(lim["processes"]) if mode == "root" else int(nproc or lim["processes"]))
+
+
+def _drop_caps():
+    """userns mode: the program would be root of its user ns; take every capability away for good."""
+    for cap in range(64):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    # SECBIT_NOROOT | NOROOT_LOCKED | NO_SETUID_FIXUP | its lock | KEEP_CAPS_LOCKED
+    _libc.prctl(PR_SET_SECUREBITS, 0x01 | 0x02 | 0x04 | 0x08 | 0x20, 0, 0, 0)
+
+    class Hdr(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+    class Data(ctypes.Structure):
+        _fields_ = [("eff", ctypes.c_uint32), ("perm", ctypes.c_uint32), ("inh", ctypes.c_uint32)]
+
+    hdr, data = Hdr(0x20080522, 0), (Data * 2)()
+    _check(_libc.syscall(126, ctypes.byref(hdr), ctypes.byref(data)), "capset")  # SYS_capset
+
+
+def child_c3(req, cfg, out_w, res_w, workdir):
+    """The program's process. Ends in harness(), never returns."""
+    try:
+        mode = cfg["mode"]
+        lim = req["limits"]
+        if mode == "rlimits":
+            os.setsid()
+        fdnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(fdnull, 0)
+        os.dup2(out_w, 1)
+        os.dup2(out_w, 2)
+        os.dup2(res_w, RESULT_FD)
+        os.closerange(RESULT_FD + 1, 1 << 16)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1):
+            signal.signal(s, signal.SIG_DFL)
+        os.chdir(workdir)
+        if mode != "rlimits":
+            _unshare(CLONE_NEWIPC)  # SysV IPC objects die with the program
+        _set_rlimits(lim, mode, cfg.get("nproc"))
+        if mode == "root":
+            uid = cfg["uid"]
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            if os.getuid() != uid or os.geteuid() != uid:
+                raise OSError("uid drop failed")
+        elif mode == "userns":
+            _drop_caps()
+        if cfg.get("seccomp"):
+            _prctl(PR_SET_NO_NEW_PRIVS, 1)
+            SECCOMP.load()
+        os.environ.clear()
+        os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
+        os.umask(0o077)
+        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+        sys.stdin = open(0, encoding="utf-8", closefd=False)
+    except BaseException as e:
+        try:
+            os.write(res_w, (json.dumps({"k": "setup_err", "msg": repr(e)[:300]}) + "\n").encode())
+        except BaseException:
+            pass
+        os._exit(120)
+    harness(req)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Zygote side: run one job, enforce wall/output/result caps, kill the tree, verify
+# ---------------------------------------------------------------------------------------------------------
+def _uid_pids(uid):
+    found = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    for n in names:
+        if n.isdigit():
+            try:
+                if os.stat(f"/proc/{n}").st_uid == uid:
+                    found.append(int(n))
+            except OSError:
+                pass
+    return found
+
+
+def _session_pids(sid):
+    found = []
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                with open(f"/proc/{n}/stat", "rb") as f:
+                    s = f.read()
+                fields = s[s.rindex(b")") + 2 :].split()
+                if int(fields[3]) == sid or int(fields[2]) == sid:  # session id or process group
+                    found.append(int(n))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+
+def _ns_pids():
+    return [int(n) for n in os.listdir("/proc") if n.isdigit() and n != "1"]
+
+
+def _sweep_ns():
+    """Kill every process of this pid namespace except ourselves (we are its init), reap, verify."""
+    if os.getpid() != 1:  # kill(-1) as root is only safe as the init of a private pid namespace
+        raise RuntimeError("refusing kill(-1) outside a pid namespace")
+    killed = 0
+    for _ in range(500):
+        _reap()
+        left = _ns_pids()
+        if not left:
+            return killed, True
+        killed = max(killed, len(left))
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        time.sleep(0.002)
+    _reap()
+    return killed, not _ns_pids()
+
+
+_REAPED = {}
+
+
+def _wait_for(pid):
+    """waitpid(pid) that also finds a status already collected by _reap()."""
+    if pid in _REAPED:
+        return _REAPED.pop(pid)
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+        except ChildProcessError:
+            return _REAPED.pop(pid, 0)
+
+
+def _reap():
+    while True:
+        try:
+            p, st = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if p == 0:
+            return
+        if len(_REAPED) < 64:
+            _REAPED[p] = st
+
+
+def _fresh_tmp(lim, uid):
+    try:
+        _libc.umount2(b"/tmp", MNT_DETACH)
+    except Exception:
+        pass
+    _mount(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={int(lim['workdir_bytes'])},nr_inodes={int(lim.get('workdir_inodes', 4096))},"
+        f"mode=0700,uid={uid},gid={uid}",
+    )
+
+
+def run_job(req, cfg, req_fd):
+    lim = req["limits"]
+    mode = cfg["mode"]
+    ns = mode != "rlimits"
+    t0 = time.monotonic()
+    deadline = t0 + float(lim["wall_s"])
+    out_cap, res_cap = int(lim["output_bytes"]), int(lim["result_bytes"])
+    info = {"timed_out": False, "output_limit": False, "result_limit": False, "infra": "", "leftover": 0}
+    if ns:
+        _fresh_tmp(lim, cfg["uid"] if mode == "root" else 0)
+        workdir = "/tmp"
+    else:
+        workdir = tempfile.mkdtemp(prefix="grpo-sbx-")
+    res_r, res_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(res_r)
+        os.close(out_r)
+        child_c3(req, cfg, out_w, res_w, workdir)
+    os.close(res_w)
+    os.close(out_w)
+    pidfd = os.pidfd_open(pid)
+    res_buf, out_head, out_tail = bytearray(), bytearray(), bytearray()
+    out_total = 0
+    open_fds = {res_r, out_r}
+    exited = False
+    killed = False
+    status = None
+
+    def kill_tree():
+        nonlocal killed
+        killed = True
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        if ns:
+            n, ok = _sweep_ns()
+        else:
+            for p in _session_pids(pid):
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def take(fd, chunk):
+        nonlocal out_total
+        if fd == res_r:
+            room = res_cap - len(res_buf)
+            if len(chunk) > room:
+                info["result_limit"] = True
+                res_buf.extend(chunk[: max(0, room)])
+                return False
+            res_buf.extend(chunk)
+            return True
+        out_total += len(chunk)
+        if len(out_head) < 2048:
+            out_head.extend(chunk[: 2048 - len(out_head)])
+        out_tail.extend(chunk)
+        if len(out_tail) > 4096:
+            del out_tail[:-2048]
+        if out_total > out_cap:
+            info["output_limit"] = True
+            return False
+        return True
+
+    watch_req = True
+    drain_until = None
+    while open_fds or not exited:
+        now = time.monotonic()
+        if not killed and now >= deadline:
+            info["timed_out"] = True
+            kill_tree()
+        if drain_until is not None and now > drain_until:
+            break  # the writers are dead or unkillable: stop waiting for EOF
+        rl = list(open_fds)
+        if not exited:
+            rl.append(pidfd)
+        if watch_req:
+            rl.append(req_fd)
+        if killed or exited:
+            timeout = 0.5
+        else:
+            timeout = max(0.0, deadline - now)
+        try:
+            r, _, _ = select.select(rl, [], [], timeout)
+        except InterruptedError:
+            continue
+        for fd in r:
+            if fd == req_fd:
+                if not os.read(req_fd, 1):  # the executor is gone: end everything
+                    kill_tree()
+                    os._exit(0)
+                watch_req = False
+            elif fd == pidfd:
+                exited = True
+                status = _wait_for(pid)
+                # the program is over: its whole tree goes with it
+                if ns:
+                    n, _ok = _sweep_ns()
+                    info["leftover"] = n
+                else:
+                    left = _session_pids(pid)
+                    if left:
+                        info["leftover"] = len(left)
+                        kill_tree()
+                drain_until = time.monotonic() + 2.0
+            else:
+                try:
+                    chunk = os.read(fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    open_fds.discard(fd)
+                    os.close(fd)
+                elif not take(fd, chunk) and not killed:
+                    kill_tree()
+    for fd in open_fds:
+        os.close(fd)
+    os.close(pidfd)
+    if status is None:
+        status = _wait_for(pid)
+    _REAPED.clear()
+    if os.WIFSIGNALED(status):
+        info["signal"] = os.WTERMSIG(status)
+    else:
+        info["exit"] = os.WEXITSTATUS(status)
+    info["killed"] = killed
+    if ns:
+        n, ok = _sweep_ns()
+        info["leftover"] = max(info["leftover"], n)
+        if not ok:
+            info["infra"] = "processes survive SIGKILL in the slot's pid namespace"
+    else:
+        for _ in range(50):
+            left = _session_pids(pid)
+            if not left:
+                break
+            info["leftover"] = max(info["leftover"], len(left))
+            for p in left:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except OSError:
+                    pass
+            time.sleep(0.01)
+        _reap()
+        _rmtree(workdir)
+    info["secs"] = time.monotonic() - t0
+    info["out_total"] = out_total
+    out = bytes(out_head)
+    if out_total > len(out_head):
+        out += b"\n...\n" + bytes(out_tail[-2048:])
+    return info, bytes(res_buf), out
+
+
+def _rmtree(path):
+    if not path:
+        return
+    for root, dirs, _files in os.walk(path, followlinks=False):
+        for d in dirs:
+            p = os.path.join(root, d)
+            try:
+                if not os.path.islink(p):
+                    os.chmod(p, 0o700)
+            except OSError:
+                pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Framing and main loop
+# ---------------------------------------------------------------------------------------------------------
+def _read_exact(fd, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = os.read(fd, n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return bytes(buf)
+
+
+def _send(fd, header, *blobs):
+    h = json.dumps(header).encode()
+    parts = [struct.pack("!I", len(h)), h]
+    for b in blobs:
+        parts += [struct.pack("!I", len(b)), b]
+    data = b"".join(parts)
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
+
+
+SECCOMP = None
+
+
+def main():
+    global SECCOMP
+    cfg = json.loads(sys.argv[1])
+    req_fd, resp_fd = os.dup(0), os.dup(1)
+    os.set_inheritable(req_fd, False)
+    os.set_inheritable(resp_fd, False)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    os.dup2(devnull, 0)
+    os.dup2(devnull, 1)
+    sys.stdout = open(os.devnull, "w")
+    mode = cfg["mode"]
+    hello = {"ok": True, "mode": mode, "errors": {}, "seccomp": False, "denied": []}
+    if cfg.get("seccomp"):
+        try:
+            SECCOMP = Seccomp()
+            hello["seccomp"] = True
+            hello["denied"] = SECCOMP.denied
+        except Exception as e:
+            cfg["seccomp"] = False
+            hello["errors"]["seccomp"] = repr(e)
+    if mode != "root":
+        # RLIMIT_NPROC counts every process of the real uid: leave room for the ones that already exist
+        mine = len([n for n in os.listdir("/proc") if n.isdigit() and _owner(n) == os.getuid()])
+        cfg["nproc"] = mine + 64
+    if mode in ("root", "userns"):
+        try:
+            build_root(mode == "userns")
+            if mode == "root" and _uid_pids(cfg["uid"]):
+                raise RuntimeError(f"processes of uid {cfg['uid']} already exist")
+            _unshare(CLONE_NEWPID)
+            spid = os.fork()
+            if spid != 0:
+                # outer process: the slot's pid-namespace init does the work; follow it and exit with it
+                os.close(req_fd)
+                os.close(resp_fd)
+                while True:
+                    try:
+                        os.waitpid(spid, 0)
+                        break
+                    except InterruptedError:
+                        continue
+                os._exit(0)
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getpid() != 1:
+                raise RuntimeError("not the init of a new pid namespace")
+            _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        except Exception as e:
+            hello["ok"] = False
+            hello["errors"]["namespaces"] = repr(e)
+    _send(resp_fd, hello)
+    if not hello["ok"]:
+        return
+    while True:
+        hdr = _read_exact(req_fd, 4)
+        if hdr is None:
+            break
+        n = struct.unpack("!I", hdr)[0]
+        body = _read_exact(req_fd, n)
+        if body is None:
+            break
+        req = json.loads(body)
+        if req.get("op") == "quit":
+            break
+        try:
+            info, res, out = run_job(req, cfg, req_fd)
+        except Exception:
+            info, res, out = {"infra": "zygote: " + traceback.format_exc()[-400:]}, b"", b""
+        info["id"] = req.get("id")
+        _send(resp_fd, info, res, out)
+    if os.getpid() == 1:
+        _sweep_ns()
+    os._exit(0)
+
+
+def _owner(n):
+    try:
+        return os.stat(f"/proc/{n}").st_uid
+    except OSError:
+        return -1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,554 @@
+"""The code-reward executor: a pool of pre-forked sandbox zygotes and a batch API that never raises.
+
+    with Executor(num_workers=None, limits=Limits(), tier="auto") as ex:
+        print(ex.tier)                       # what the probe child actually observed
+        verdicts = ex.run(jobs, deadline_s=60)
+
+Each slot is a zygote process started with ``subprocess.Popen`` of ``/usr/bin/python3 -I -S -c <source>``
+(fork+exec; this process is never forked without exec, so it is safe to use from a JAX trainer). The zygote
+forks one sandboxed child per program (see `_zygote.py` and `isolation.py`). The parent (this module) sends
+only the program and the test *calls*; the expected values never leave this process and the verdict is decided
+here from plain data (`grading.py`).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import os
+import select
+import struct
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from grpo_jax.codegen.problem import Problem
+from grpo_jax.sandbox import grading, isolation
+from grpo_jax.sandbox.types import Job, Limits, Status, Verdict
+
+_HELLO_TIMEOUT_S = 30.0
+_RESPONSE_SLACK_S = 10.0  # a zygote that does not answer within wall + this is declared dead
+MAX_RESPONSE_BYTES = 64 << 20
+
+
+class _WorkerDied(Exception):
+    pass
+
+
+class _Slot:
+    """One zygote process. Used by one thread at a time."""
+
+    def __init__(self, index: int, mode: str, seccomp: bool, uid: int | None, python: str, source: str):
+        self.index = index
+        self.cfg = {"mode": mode, "seccomp": seccomp, "uid": uid, "slot": index}
+        self.python = python
+        self.source = source
+        self.proc: subprocess.Popen | None = None
+        self.hello: dict = {}
+        self._next_id = 0
+
+    def start(self) -> dict:
+        self.kill()
+        self.proc = subprocess.Popen(
+            [self.python, "-I", "-S", "-c", self.source, json.dumps(self.cfg)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={},
+            cwd="/",
+            close_fds=True,
+        )
+        try:
+            self.hello = json.loads(self._read_frame(_HELLO_TIMEOUT_S, 1)[0])
+        except (_WorkerDied, ValueError) as e:
+            self.kill()
+            raise _WorkerDied(f"zygote {self.index} did not start: {e}") from None
+        if not self.hello.get("ok"):
+            self.kill()
+        return self.hello
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        for f in (p.stdin, p.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            p.kill()
+        except OSError:
+            pass
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def close(self) -> None:
+        if self.alive():
+            try:
+                self._write({"op": "quit"})
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired, _WorkerDied):
+                pass
+        self.kill()
+
+    def _write(self, obj: dict) -> None:
+        if not self.alive():
+            raise _WorkerDied("zygote not running")
+        body = json.dumps(obj, ensure_ascii=True).encode()
+        try:
+            self.proc.stdin.write(struct.pack("!I", len(body)) + body)
+            self.proc.stdin.flush()
+        except (OSError, ValueError) as e:
+            raise _WorkerDied(f"write to zygote failed: {e}") from None
+
+    def _read_frame(self, timeout: float, nparts: int) -> list[bytes]:
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        buf = bytearray()
+
+        def need(n: int) -> bytes:
+            while len(buf) < n:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _WorkerDied("zygote did not answer in time")
+                r, _, _ = select.select([fd], [], [], left)
+                if not r:
+                    continue
+                chunk = os.read(fd, 1 << 20)
+                if not chunk:
+                    raise _WorkerDied("zygote exited")
+                buf.extend(chunk)
+            out = bytes(buf[:n])
+            del buf[:n]
+            return out
+
+        parts = []
+        for _ in range(nparts):
+            (n,) = struct.unpack("!I", need(4))
+            if n > MAX_RESPONSE_BYTES:
+                raise _WorkerDied("oversized frame from zygote")
+            parts.append(need(n))
+        if buf:
+            raise _WorkerDied("unexpected bytes from zygote")
+        return parts
+
+    def execute(self, req: dict, timeout: float) -> tuple[dict, bytes, bytes]:
+        self._next_id += 1
+        req = dict(req, id=self._next_id)
+        self._write(req)
+        hdr, res, out = self._read_frame(timeout, 3)
+        info = json.loads(hdr)
+        if info.get("id") != self._next_id:
+            raise _WorkerDied("response out of order")
+        return info, res, out
+
+
+def _limits_dict(lim: Limits) -> dict:
+    d = dataclasses.asdict(lim)
+    d["workdir_inodes"] = 4096
+    return d
+
+
+def _job_key(job: Job, lim: Limits) -> str:
+    payload = json.dumps(
+        [
+            job.program,
+            job.setup_code,
+            job.child_check,
+            [[t.call, grading.tag(t.expected), t.float_tol] for t in job.tests],
+            dataclasses.asdict(lim),
+        ],
+        ensure_ascii=True,
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+class Executor:
+    """A batch executor over `num_workers` slots; `run` never raises: one verdict per job, in order."""
+
+    def __init__(
+        self,
+        num_workers: int | None = None,
+        limits: Limits | None = None,
+        tier: str = "auto",
+        cache_size: int = 100_000,
+    ):
+        self.limits = limits or Limits()
+        self.num_workers = int(num_workers) if num_workers else max(2, os.cpu_count() or 2)
+        if self.num_workers < 1:
+            raise ValueError("num_workers must be >= 1")
+        self.cache_size = int(cache_size)
+        self._cache: collections.OrderedDict[str, Verdict] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._run_lock = threading.Lock()
+        self._counts: collections.Counter = collections.Counter()
+        self._busy_s = 0.0
+        self._closed = False
+        self._uids = isolation.UidLease()
+        self._slots: list[_Slot] = []
+        python = isolation.sandbox_python()
+        if not python:
+            raise RuntimeError(f"sandbox interpreter {isolation.SANDBOX_PYTHON} is missing")
+        source = isolation.zygote_source()
+        errors: dict = {}
+        self._report: dict = {}
+        for mode in isolation.candidate_modes(tier):
+            try:
+                self._start_mode(mode, python, source, errors)
+                break
+            except Exception as e:  # degrade honestly to the next tier
+                errors[mode] = f"{type(e).__name__}: {e}"
+                self._stop_slots()
+        else:
+            raise RuntimeError(f"no sandbox tier could be started: {errors}")
+        self.tier = self._report["tier"]
+
+    # -------------------------------------------------------------------------------------------- lifecycle
+    def _start_mode(self, mode: str, python: str, source: str, errors: dict) -> None:
+        seccomp = True
+        slots = []
+        for i in range(self.num_workers):
+            uid = self._uids.acquire() if mode == "root" else None
+            slot = _Slot(i, mode, seccomp, uid, python, source)
+            slots.append(slot)
+            self._slots = slots
+            hello = slot.start()
+            if not hello.get("ok"):
+                raise RuntimeError(f"zygote refused mode {mode}: {hello.get('errors')}")
+            if hello.get("errors"):
+                errors.setdefault(mode, {}).update(hello["errors"])
+            if not hello.get("seccomp"):
+                seccomp = False
+                for s in slots:
+                    s.cfg["seccomp"] = False
+        # probe: observe the protections from inside a real sandboxed child
+        probe = Job(
+            program=isolation.PROBE_PROGRAM,
+            tests=(grading.TestCase(call="_facts()", expected=None),),
+        )
+        info, raw, _ = slots[0].execute(
+            self._request(probe, self.limits), self.limits.wall_s + _RESPONSE_SLACK_S
+        )
+        records, _ = grading.parse_records(raw, 1 << 20)
+        facts = None
+        for r in records:
+            if r.get("k") == "t" and r.get("i") == 0 and "v" in r:
+                facts = grading.untag(r["v"])
+        if not isinstance(facts, dict):
+            raise RuntimeError(f"probe child gave no facts: {info} {raw[:300]!r}")
+        report = isolation.report_from_probe(mode, seccomp, facts, errors)
+        a = report["active"]
+        needed = {
+            "root": (
+                "pid_namespace",
+                "mount_namespace_minimal_root",
+                "network_namespace",
+                "no_loopback",
+                "unprivileged_uid_per_slot",
+                "cleared_env",
+            ),
+            "userns": (
+                "pid_namespace",
+                "mount_namespace_minimal_root",
+                "network_namespace",
+                "no_loopback",
+                "non_root",
+                "cleared_env",
+            ),
+            "rlimits": ("cleared_env",),
+        }[mode]
+        lacking = [k for k in needed if not a[k]]
+        if lacking:
+            raise RuntimeError(f"probe did not observe {lacking} in mode {mode}")
+        self._report = report
+
+    def _stop_slots(self) -> None:
+        for s in self._slots:
+            s.close()
+        self._slots = []
+        self._uids.release_all()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._run_lock:
+            self._stop_slots()
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -------------------------------------------------------------------------------------------- reporting
+    def tier_report(self) -> dict:
+        r = dict(self._report)
+        r["num_workers"] = self.num_workers
+        r["interpreter"] = isolation.SANDBOX_PYTHON
+        r["seccomp_denied_syscalls"] = (
+            sorted(set(self._slots[0].hello.get("denied", []))) if self._slots else []
+        )
+        return r
+
+    def stats(self) -> dict:
+        with self._lock:
+            c = dict(self._counts)
+            busy = self._busy_s
+        executed = c.get("executed", 0)
+        out = {
+            "programs": c.get("programs", 0),
+            "executed": executed,
+            "cache_hits": c.get("cache_hits", 0),
+            "restarts": c.get("restarts", 0),
+            "retries": c.get("retries", 0),
+            "infra_errors": c.get("status:infra_error", 0),
+            "deadline_skipped": c.get("deadline_skipped", 0),
+            "leftover_processes_killed": c.get("leftover", 0),
+            "busy_seconds": busy,
+            "programs_per_s": (executed / busy) if busy > 0 else 0.0,
+        }
+        for s in Status:
+            out[s.value] = c.get("status:" + s.value, 0)
+        return out
+
+    # -------------------------------------------------------------------------------------------- running
+    def _request(self, job: Job, lim: Limits, wall: float | None = None) -> dict:
+        ld = _limits_dict(lim)
+        if wall is not None:
+            ld["wall_s"] = wall
+        return {
+            "op": "run",
+            "program": job.program,
+            "setup": job.setup_code or "",
+            "calls": [t.call for t in job.tests],
+            "check": job.child_check,
+            "limits": ld,
+        }
+
+    def run(self, jobs: Sequence[Job], deadline_s: float | None = None) -> list[Verdict]:
+        """Exactly one Verdict per job, in order. Never raises (an internal failure gives infra_error)."""
+        try:
+            jobs = list(jobs)
+        except Exception:
+            return []  # not a sequence: nothing to answer
+        try:
+            with self._run_lock:
+                return self._run(jobs, deadline_s)
+        except Exception as e:  # defensive: the contract is "never raises"
+            v = Verdict(Status.INFRA_ERROR, False, detail=f"executor: {type(e).__name__}: {e}"[:300])
+            with self._lock:
+                self._counts["status:infra_error"] += len(jobs)
+            return [v] * len(jobs)
+
+    def _run(self, jobs: list[Job], deadline_s: float | None) -> list[Verdict]:
+        t_start = time.monotonic()
+        deadline = t_start + deadline_s if deadline_s is not None else None
+        n = len(jobs)
+        out: list[Verdict | None] = [None] * n
+        pending: collections.OrderedDict[str, list[int]] = collections.OrderedDict()
+        prepared: dict[str, tuple[Job, Limits]] = {}
+        for i, job in enumerate(jobs):
+            try:
+                v, key, job, lim = self._prepare(job)
+            except Exception as e:
+                v, key = (
+                    Verdict(Status.INFRA_ERROR, False, detail=f"bad job: {type(e).__name__}: {e}"[:300]),
+                    None,
+                )
+            if v is not None:
+                out[i] = v
+                continue
+            pending.setdefault(key, []).append(i)
+            prepared[key] = (job, lim)
+        with self._lock:
+            self._counts["programs"] += n
+        if pending:
+            if self._closed:
+                for idxs in pending.values():
+                    for i in idxs:
+                        out[i] = Verdict(Status.INFRA_ERROR, False, detail="executor is closed")
+            else:
+                t0 = time.monotonic()
+                self._dispatch(pending, prepared, out, deadline)
+                with self._lock:
+                    self._busy_s += time.monotonic() - t0
+        final: list[Verdict] = []
+        with self._lock:
+            for v in out:
+                if v is None:  # cannot happen; belt and braces for "exactly one verdict"
+                    v = Verdict(Status.INFRA_ERROR, False, detail="no verdict produced")
+                final.append(v)
+                self._counts["status:" + v.status.value] += 1
+        return final
+
+    def _prepare(self, job: Job) -> tuple[Verdict | None, str | None, Job, Limits]:
+        lim = job.limits or self.limits
+        program = job.program
+        if isinstance(program, bytes | bytearray):
+            program = bytes(program).decode("utf-8", "surrogateescape")
+            job = dataclasses.replace(job, program=program)
+        if not isinstance(program, str):
+            return Verdict(Status.INFRA_ERROR, False, detail="program is not text"), None, job, lim
+        size = len(program.encode("utf-8", "surrogatepass")) + len(
+            (job.setup_code or "").encode("utf-8", "replace")
+        )
+        if size > lim.source_bytes:
+            return (
+                Verdict(
+                    Status.SYNTAX_ERROR, False, detail=f"source too large ({size} > {lim.source_bytes} bytes)"
+                ),
+                None,
+                job,
+                lim,
+            )
+        key = _job_key(job, lim)
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                self._counts["cache_hits"] += 1
+                return dataclasses.replace(hit, cached=True), key, job, lim
+        return None, key, job, lim
+
+    def _dispatch(self, pending, prepared, out, deadline) -> None:
+        queue = collections.deque(pending.keys())
+        qlock = threading.Lock()
+
+        def worker(slot: _Slot) -> None:
+            while True:
+                with qlock:
+                    if not queue:
+                        return
+                    key = queue.popleft()
+                job, lim = prepared[key]
+                try:
+                    v = self._execute(slot, job, lim, deadline)
+                except Exception as e:  # never lose a verdict
+                    v = Verdict(Status.INFRA_ERROR, False, detail=f"executor: {type(e).__name__}: {e}"[:300])
+                for i in pending[key]:
+                    out[i] = v
+                if (
+                    v.status is not Status.INFRA_ERROR
+                    and v.status is not Status.TIMEOUT
+                    and self.cache_size > 0
+                ):
+                    with self._lock:
+                        self._cache[key] = v
+                        while len(self._cache) > self.cache_size:
+                            self._cache.popitem(last=False)
+
+        slots = self._slots[: max(1, min(len(self._slots), len(queue)))]
+        if len(slots) == 1:
+            worker(slots[0])
+            return
+        threads = [threading.Thread(target=worker, args=(s,), daemon=True) for s in slots]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def _execute(self, slot: _Slot, job: Job, lim: Limits, deadline: float | None) -> Verdict:
+        retried = False
+        for attempt in range(2):
+            wall = lim.wall_s
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0.05:
+                    with self._lock:
+                        self._counts["deadline_skipped"] += 1
+                    return Verdict(
+                        Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
+                    )
+                wall = min(wall, left)
+            time.monotonic()
+            try:
+                if not slot.alive():
+                    self._restart(slot)
+                info, raw, output = slot.execute(self._request(job, lim, wall), wall + _RESPONSE_SLACK_S)
+            except _WorkerDied as e:
+                with self._lock:
+                    self._counts["worker_deaths"] += 1
+                try:
+                    self._restart(slot)
+                except Exception as e2:
+                    return Verdict(
+                        Status.INFRA_ERROR,
+                        False,
+                        detail=f"worker restart failed: {e2}"[:300],
+                        retried=retried,
+                    )
+                if attempt == 0:
+                    retried = True
+                    with self._lock:
+                        self._counts["retries"] += 1
+                    continue
+                return Verdict(
+                    Status.INFRA_ERROR, False, detail=f"worker died twice: {e}"[:300], retried=True
+                )
+            finally:
+                pass
+            with self._lock:
+                self._counts["executed"] += 1
+                self._counts["leftover"] += int(info.get("leftover") or 0)
+            v = grading.grade(job.tests, job.child_check is not None, info, raw, output, lim.result_bytes)
+            if retried:
+                v = dataclasses.replace(v, retried=True)
+            return v
+        return Verdict(Status.INFRA_ERROR, False, detail="unreachable", retried=retried)
+
+    def _restart(self, slot: _Slot) -> None:
+        with self._lock:
+            self._counts["restarts"] += 1
+        hello = slot.start()
+        if not hello.get("ok"):
+            raise RuntimeError(f"zygote restart refused: {hello.get('errors')}")
+
+    # test hook: the pids of the zygotes (to kill one mid-batch in the crash test)
+    def _zygote_pids(self) -> list[int]:
+        return [s.proc.pid for s in self._slots if s.proc is not None]
+
+
+def jobs_for(
+    problems: Sequence[Problem], completions: Sequence[str], limits: Limits | None = None
+) -> list[Job]:
+    """One Job per (problem, completion) pair. `completions` may also be a multiple of len(problems): then
+    each problem is repeated for its consecutive group of completions (GRPO groups)."""
+    problems = list(problems)
+    completions = list(completions)
+    if not problems:
+        if completions:
+            raise ValueError("completions given but no problems")
+        return []
+    if len(completions) % len(problems) != 0:
+        raise ValueError(f"{len(completions)} completions for {len(problems)} problems")
+    g = len(completions) // len(problems)
+    jobs = []
+    for j, c in enumerate(completions):
+        p = problems[j // g]
+        jobs.append(
+            Job(
+                program=p.program_for(c),
+                tests=tuple(p.tests),
+                child_check=p.child_check,
+                setup_code=p.setup_code,
+                limits=limits,
+            )
+        )
+    return jobs

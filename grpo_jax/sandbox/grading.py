@@ -1,0 +1,374 @@
+"""Parent-side grading: the child's bytes become plain data here and the parent decides.
+
+* `split_assert` turns `assert CALL == EXPECTED` into a `TestCase` (only CALL goes to the child; EXPECTED must
+  be a literal and stays in the parent).
+* `parse_records` reads the child's line-delimited, type-tagged JSON with size and depth caps; it never
+  unpickles or evals child bytes and never calls methods on child-made objects (there are none: only builtin
+  containers and scalars are constructed here).
+* `strict_equal` compares type-strictly: bool is not int, tuple is not list; the only widening is that an int
+  and a float with the same value are equal (as Python's ``==`` says; bool never takes part) — see
+  `NUMERIC_WIDENING`.
+* `grade` turns a zygote response plus the records into a `Verdict` with the documented status precedence.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+from grpo_jax.codegen.problem import TestCase
+from grpo_jax.sandbox.types import Status, TestResult, Verdict
+
+MAX_DEPTH = 100
+MAX_RECORDS = 100_000
+NUMERIC_WIDENING = True  # int 3 == float 3.0 (Python semantics of the original asserts); bool never widens
+
+
+class BadResult(ValueError):
+    """The child's result bytes are malformed, too deep, or use an unknown tag."""
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tests: `assert CALL == EXPECTED`
+# ------------------------------------------------------------------------------------------------------------
+def split_assert(line: str) -> TestCase | None:
+    """`assert CALL == EXPECTED` -> TestCase(call, expected) when EXPECTED is a literal; else None."""
+    try:
+        tree = ast.parse(line.strip())
+    except (SyntaxError, ValueError):
+        return None
+    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
+        return None
+    test = tree.body[0].test
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
+        return None
+    left, right = test.left, test.comparators[0]
+    for call_node, exp_node in ((left, right), (right, left)):
+        try:
+            expected = ast.literal_eval(exp_node)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        if _is_literal_node(call_node):
+            continue  # both sides literal: nothing to run
+        call = ast.unparse(call_node)
+        return TestCase(call=call, expected=expected, source=line.strip())
+    return None
+
+
+def _is_literal_node(node: ast.AST) -> bool:
+    try:
+        ast.literal_eval(node)
+        return True
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tagged values
+# ------------------------------------------------------------------------------------------------------------
+def tag(v: Any, depth: int = 0) -> Any:
+    """Parent-side mirror of the child's tagging (used for cache keys)."""
+    if depth > MAX_DEPTH:
+        raise BadResult("too deep")
+    t = type(v)
+    if v is None or t is bool or t is str:
+        return v
+    if t is int:
+        return {"i": hex(v)} if abs(v) > (1 << 53) else {"i": v}
+    if t is float:
+        return {"f": repr(v)}
+    if t in (list, tuple, set, frozenset):
+        key = {list: "l", tuple: "t", set: "s", frozenset: "fs"}[t]
+        items = [tag(x, depth + 1) for x in v]
+        if t in (set, frozenset):
+            items.sort(key=lambda x: json.dumps(x, sort_keys=True))
+        return {key: items}
+    if t is dict:
+        return {"d": [[tag(k, depth + 1), tag(x, depth + 1)] for k, x in v.items()]}
+    if t is bytes:
+        return {"b": v.hex()}
+    if t is complex:
+        return {"c": [repr(v.real), repr(v.imag)]}
+    raise BadResult(f"unsupported type {t.__name__}")
+
+
+def untag(x: Any, depth: int = 0) -> Any:
+    """Tagged JSON (already json-parsed) -> plain builtin value. Raises BadResult on anything unexpected."""
+    if depth > MAX_DEPTH:
+        raise BadResult("result nested too deeply")
+    if x is None or type(x) in (bool, str):
+        return x
+    if type(x) is not dict or len(x) != 1:
+        raise BadResult("malformed tagged value")
+    ((k, v),) = x.items()
+    if k == "i":
+        if type(v) is int:
+            return v
+        if type(v) is str and len(v) <= 1_000_000:
+            return int(v, 16)
+        raise BadResult("bad int")
+    if k == "f":
+        if type(v) is not str or len(v) > 64:
+            raise BadResult("bad float")
+        try:
+            return float(v)
+        except ValueError:
+            raise BadResult("bad float") from None
+    if k == "c":
+        if type(v) is not list or len(v) != 2 or not all(type(p) is str and len(p) <= 64 for p in v):
+            raise BadResult("bad complex")
+        return complex(float(v[0]), float(v[1]))
+    if k == "b":
+        if type(v) is not str:
+            raise BadResult("bad bytes")
+        return bytes.fromhex(v)
+    if type(v) is not list:
+        raise BadResult("bad container")
+    if k == "l":
+        return [untag(e, depth + 1) for e in v]
+    if k == "t":
+        return tuple(untag(e, depth + 1) for e in v)
+    if k in ("s", "fs"):
+        items = [untag(e, depth + 1) for e in v]
+        try:
+            return set(items) if k == "s" else frozenset(items)
+        except TypeError:
+            raise BadResult("unhashable set element") from None
+    if k == "d":
+        out = {}
+        for pair in v:
+            if type(pair) is not list or len(pair) != 2:
+                raise BadResult("bad dict item")
+            key = untag(pair[0], depth + 1)
+            try:
+                out[key] = untag(pair[1], depth + 1)
+            except TypeError:
+                raise BadResult("unhashable dict key") from None
+        return out
+    raise BadResult("unknown tag")
+
+
+def strict_equal(got: Any, exp: Any, tol: float = 0.0, depth: int = 0) -> bool:
+    """Type-strict equality of two plain values (both built by the parent)."""
+    if depth > MAX_DEPTH + 2:
+        return False
+    tg, te = type(got), type(exp)
+    if tg is not te:
+        if NUMERIC_WIDENING and {tg, te} == {int, float}:
+            return _num_eq(float(got) if tg is int else got, float(exp) if te is int else exp, tol)
+        return False
+    if te is float:
+        return _num_eq(got, exp, tol)
+    if te is complex:
+        return _num_eq(got.real, exp.real, tol) and _num_eq(got.imag, exp.imag, tol)
+    if te in (list, tuple):
+        if len(got) != len(exp):
+            return False
+        return all(strict_equal(g, e, tol, depth + 1) for g, e in zip(got, exp, strict=True))
+    if te is dict:
+        if len(got) != len(exp):
+            return False
+        gkeys = {_hkey(k): k for k in got}
+        for k, ev in exp.items():
+            gk = gkeys.get(_hkey(k))
+            if gk is None and _hkey(k) not in gkeys:
+                return False
+            if not strict_equal(gk, k, 0.0, depth + 1) or not strict_equal(got[gk], ev, tol, depth + 1):
+                return False
+        return True
+    if te in (set, frozenset):
+        if len(got) != len(exp):
+            return False
+        gitems = {_hkey(x): x for x in got}
+        return all(_hkey(e) in gitems and strict_equal(gitems[_hkey(e)], e, 0.0, depth + 1) for e in exp)
+    return got == exp  # None, bool, int, str, bytes
+
+
+def _hkey(x: Any) -> Any:
+    """A hash key that keeps bool apart from int (True and 1 hash alike)."""
+    return (type(x) is bool, x)
+
+
+def _num_eq(a: float, b: float, tol: float) -> bool:
+    try:
+        if a == b:
+            return True
+        if tol > 0 and math.isfinite(a) and math.isfinite(b):
+            return abs(a - b) <= tol
+    except OverflowError:
+        return False
+    return False
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Records -> Verdict
+# ------------------------------------------------------------------------------------------------------------
+def parse_records(raw: bytes, max_bytes: int) -> tuple[list[dict], str]:
+    """Split the child's result bytes into records. Returns (records, problem) — problem is "" when clean."""
+    problem = ""
+    if len(raw) > max_bytes:
+        raw = raw[:max_bytes]
+        problem = "result too large"
+    records: list[dict] = []
+    for line in raw.split(b"\n"):
+        if not line:
+            continue
+        if len(records) >= MAX_RECORDS:
+            problem = problem or "too many records"
+            break
+        try:
+            rec = json.loads(line.decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError, UnicodeDecodeError, MemoryError):
+            problem = problem or "malformed result record"
+            continue
+        if type(rec) is not dict or type(rec.get("k")) is not str:
+            problem = problem or "malformed result record"
+            continue
+        records.append(rec)
+    return records, problem
+
+
+def _text(x: Any, n: int = 200) -> str:
+    """Sanitise a child-provided string for a report (never executed or repr'd as an object)."""
+    if type(x) is not str:
+        return ""
+    x = x[:n]
+    return "".join(c if c.isprintable() else "?" for c in x)
+
+
+_MEMORY_EXC = {"MemoryError"}
+
+
+def grade(
+    tests: Sequence[TestCase],
+    has_check: bool,
+    info: dict,
+    raw: bytes,
+    output: bytes,
+    result_cap: int,
+) -> Verdict:
+    """Decide the verdict from the zygote's report (`info`), the child's records and its output excerpt."""
+    secs = float(info.get("secs") or 0.0)
+    out_excerpt = output[-600:].decode("utf-8", "replace")
+    out_excerpt = "".join(c if (c.isprintable() or c in "\n\t") else "?" for c in out_excerpt)
+    n = len(tests)
+    if info.get("infra"):
+        return Verdict(Status.INFRA_ERROR, False, (), None, secs, _text(info["infra"], 400))
+    records, problem = parse_records(raw, result_cap)
+    if info.get("result_limit"):
+        problem = "result too large"
+    setup_err = next((r for r in records if r["k"] == "setup_err"), None)
+    if setup_err is not None:
+        return Verdict(
+            Status.INFRA_ERROR, False, (), None, secs, "sandbox setup: " + _text(setup_err.get("msg"))
+        )
+    syntax = next((r for r in records if r["k"] == "syntax"), None)
+    prog_err = next((r for r in records if r["k"] == "prog_err"), None)
+    started = any(r["k"] == "start" for r in records)
+    done = any(r["k"] == "done" for r in records)
+    sig = info.get("signal")
+    timed_out = bool(info.get("timed_out")) or sig in (signal.SIGXCPU,)
+
+    # per-test results (first record per index wins; duplicates are a forgery sign and fail that test)
+    by_index: dict[int, dict] = {}
+    dup: set[int] = set()
+    for r in records:
+        if r["k"] == "t" and type(r.get("i")) is int and 0 <= r["i"] < n:
+            if r["i"] in by_index:
+                dup.add(r["i"])
+            else:
+                by_index[r["i"]] = r
+    results: list[TestResult] = []
+    any_exc = False
+    any_mem = False
+    for i, tc in enumerate(tests):
+        r = by_index.get(i)
+        if r is None:
+            break
+        s = r.get("s")
+        s = float(s) if type(s) in (int, float) and math.isfinite(s) else 0.0
+        if i in dup:
+            results.append(TestResult(False, Status.RUNTIME_ERROR, s, "duplicate result records"))
+            any_exc = True
+        elif "exc" in r:
+            et = _text(r.get("exc"), 60)
+            status = Status.MEMORY if et in _MEMORY_EXC else Status.RUNTIME_ERROR
+            any_mem |= status is Status.MEMORY
+            any_exc = True
+            results.append(TestResult(False, status, s, f"{et}: {_text(r.get('msg'))}"))
+        elif "v" in r:
+            try:
+                got = untag(r["v"])
+                ok = strict_equal(got, tc.expected, tc.float_tol)
+                results.append(TestResult(ok, Status.PASSED if ok else Status.WRONG_ANSWER, s))
+            except (BadResult, RecursionError, ValueError, OverflowError, MemoryError) as e:
+                results.append(TestResult(False, Status.WRONG_ANSWER, s, f"unusable result: {_text(str(e))}"))
+        else:
+            results.append(TestResult(False, Status.WRONG_ANSWER, s, _text(r.get("bad")) or "bad result"))
+    # tests without a record
+    if len(results) < n:
+        if timed_out:
+            fill = TestResult(False, Status.TIMEOUT, 0.0, "not run: time limit")
+        elif info.get("output_limit") or problem == "result too large":
+            fill = TestResult(False, Status.OUTPUT_LIMIT, 0.0, "not run: output limit")
+        else:
+            fill = TestResult(False, Status.RUNTIME_ERROR, 0.0, "no result (the process ended early)")
+        if started or timed_out or not (syntax or prog_err):
+            any_exc |= fill.status is Status.RUNTIME_ERROR
+            results += [fill] * (n - len(results))
+    check_passed: bool | None = None
+    check_detail = ""
+    if has_check:
+        chk = next((r for r in records if r["k"] == "check"), None)
+        check_passed = bool(chk is not None and chk.get("ok") is True and done)
+        if chk is not None and chk.get("ok") is not True:
+            et = _text(chk.get("exc"), 60)
+            check_detail = f"check failed: {et}: {_text(chk.get('msg'))}"
+            if et in _MEMORY_EXC:
+                any_mem = True
+            elif et != "AssertionError":
+                any_exc = True
+        elif chk is None:
+            check_detail = "check did not complete"
+
+    detail = ""
+    if syntax is not None:
+        status = Status.SYNTAX_ERROR
+        detail = f"{_text(syntax.get('exc'), 60)}: {_text(syntax.get('msg'))}"
+    elif timed_out:
+        status = Status.TIMEOUT
+        detail = "wall time limit" if info.get("timed_out") else "cpu time limit"
+    elif any_mem or (prog_err is not None and prog_err.get("exc") in _MEMORY_EXC):
+        status = Status.MEMORY
+        detail = "memory limit"
+    elif info.get("output_limit") or problem == "result too large":
+        status = Status.OUTPUT_LIMIT
+        detail = "output limit" if info.get("output_limit") else "result too large"
+    elif prog_err is not None:
+        status = Status.RUNTIME_ERROR
+        detail = f"{_text(prog_err.get('exc'), 60)}: {_text(prog_err.get('msg'))}"
+    elif any_exc or not started or (has_check and not check_passed and check_detail.startswith("check did")):
+        status = Status.RUNTIME_ERROR
+        if not started:
+            detail = "the program ended before the tests ran"
+        elif check_detail:
+            detail = check_detail
+        else:
+            detail = next((t.error for t in results if t.status is Status.RUNTIME_ERROR), "runtime error")
+        if sig and sig not in (signal.SIGKILL,):
+            detail += f" (signal {sig})"
+    elif any(not t.passed for t in results) or len(results) < n or (has_check and not check_passed):
+        status = Status.WRONG_ANSWER
+        detail = check_detail or "wrong answer"
+    else:
+        status = Status.PASSED
+    if problem and status is Status.PASSED:
+        status, detail = Status.RUNTIME_ERROR, problem
+    passed = status is Status.PASSED
+    if out_excerpt and not passed:
+        detail = (detail + " | output: " + out_excerpt[-300:]).strip()
+    return Verdict(status, passed, tuple(results), check_passed, secs, detail[:1000])

@@ -1,0 +1,126 @@
+"""HumanEval and MBPP load into `Problem`; the references pass through the executor and broken ones fail."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import time
+
+import pytest
+
+from grpo_jax.codegen import datasets
+from grpo_jax.sandbox.executor import Executor, jobs_for
+from grpo_jax.sandbox.types import Limits
+
+# a wrapper that keeps the canonical solution but changes every return value (the "made wrong" variant)
+WRONG = """
+
+def _grpo_wrong(r):
+    if isinstance(r, bool):
+        return not r
+    if isinstance(r, (int, float)):
+        return r + 1
+    if isinstance(r, str):
+        return r + "x"
+    if isinstance(r, list):
+        return r + [None]
+    if isinstance(r, tuple):
+        return r + (None,)
+    if r is None:
+        return 0
+    return None
+
+
+_grpo_orig = {name}
+
+
+def {name}(*args, **kwargs):
+    return _grpo_wrong(_grpo_orig(*args, **kwargs))
+"""
+
+
+def test_humaneval_loads():
+    probs = datasets.load_humaneval()
+    assert len(probs) == 164
+    p = probs[0]
+    assert p.task_id == "HumanEval/0" and p.completion_mode == "append" and p.source == "humaneval"
+    assert p.child_check.rstrip().endswith(f"check({p.entry_point})") and p.tests == ()
+    assert p.reference.startswith(p.prompt)
+    assert datasets.load_problems(datasets.humaneval_path())[5] == probs[5]
+
+
+def test_mbpp_loads_with_splits():
+    probs = datasets.load_mbpp()
+    assert len(probs) == 974
+    counts = collections.Counter(p.split for p in probs)
+    assert counts == {"prompt": 10, "test": 500, "validation": 90, "train": 374}
+    assert len(datasets.load_mbpp(split="validation")) == 90
+    with pytest.raises(ValueError):
+        datasets.load_mbpp(split="dev")
+    by = {p.task_id: p for p in probs}
+    p = by["Mbpp/2"]
+    assert (
+        p.completion_mode == "program" and p.source == "mbpp" and len(p.tests) == 3 and p.child_check is None
+    )
+    assert "\r" not in p.reference and p.program_for("x = 1") == "x = 1"
+    assert by["Mbpp/367"].setup_code.strip()
+    # parent-graded: the expected values are plain data
+    assert all(isinstance(t.call, str) for p in probs for t in p.tests)
+
+
+def test_mbpp_fallback_to_child_check(tmp_path):
+    row = {
+        "task_id": 1,
+        "text": "t",
+        "code": "def f(x):\n    return x\n",
+        "test_list": ["assert f(1) == 1", "assert math.isclose(f(1.0), 1.0)"],
+        "test_setup_code": "",
+    }
+    path = tmp_path / "m.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    (p,) = datasets.load_problems(path)
+    assert p.tests == () and "math.isclose" in p.child_check
+    gz = tmp_path / "m.jsonl.gz"
+    with gzip.open(gz, "wt") as f:
+        f.write(json.dumps(row) + "\n")
+    assert datasets.load_problems(gz) == [p]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": 1}\n')
+    with pytest.raises(ValueError, match="neither HumanEval"):
+        datasets.load_problems(bad)
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with Executor(num_workers=4, limits=Limits(wall_s=8.0, cpu_s=8)) as e:
+        yield e
+
+
+def test_humaneval_canonical_pass_and_wrong_fail(ex):
+    probs = datasets.load_humaneval()
+    t0 = time.monotonic()
+    good = ex.run(jobs_for(probs, [p.reference[len(p.prompt) :] for p in probs]))
+    bad_completions = [p.reference[len(p.prompt) :] + WRONG.format(name=p.entry_point) for p in probs]
+    bad = ex.run(jobs_for(probs, bad_completions))
+    secs = time.monotonic() - t0
+    failed_good = [
+        (p.task_id, v.status.value, v.detail[:100]) for p, v in zip(probs, good, strict=True) if not v.passed
+    ]
+    passed_bad = [p.task_id for p, v in zip(probs, bad, strict=True) if v.passed]
+    print(
+        f"HumanEval: canonical {sum(v.passed for v in good)}/164 pass, "
+        f"wrong {sum(not v.passed for v in bad)}/164 "
+        f"fail, {secs:.1f}s"
+    )
+    assert not failed_good
+    assert not passed_bad
+
+
+def test_mbpp_references_mostly_pass(ex):
+    probs = datasets.load_mbpp()
+    vs = ex.run(jobs_for(probs, [p.reference for p in probs]))
+    failed = {p.task_id for p, v in zip(probs, vs, strict=True) if not v.passed}
+    # known: 341/642 (set order), 596 (sys.getsizeof), 414 (returns 1/0 where the test says True/False:
+    # bool is not int under strict grading), 123 may time out on a loaded machine
+    assert failed <= {"Mbpp/341", "Mbpp/642", "Mbpp/596", "Mbpp/414", "Mbpp/123"}, failed

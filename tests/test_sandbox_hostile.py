@@ -1,0 +1,203 @@
+"""The hostile corpus (tests/sandbox_corpus) through the real executor.
+
+Asserts for every entry: the verdict status is one of the expected ones (hostile -> reward 0, legit -> 1),
+each program's verdict arrives within its limit + 3 s, the parent is alive, no process of a sandbox uid is
+left, sentinel files outside the sandbox are intact, no marker appears, no loopback connection arrives and the
+canary never leaves the parent.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import random
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_jax.codegen.datasets import MBPP_PATH
+from grpo_jax.codegen.problem import TestCase as TC
+from grpo_jax.sandbox import isolation
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.sandbox.types import Job, Limits, Status
+
+CORPUS = Path(__file__).parent / "sandbox_corpus"
+LIMITS = Limits(wall_s=2.0, cpu_s=2)
+# legit controls and memory exhaustion get more time: they are CPU/page-fault heavy and share 2 loaded cores
+SLOW_LIMITS = Limits(wall_s=6.0, cpu_s=6)
+CANARY = "canary-7f3a9c-do-not-leak"
+
+
+def sandbox_uid_pids() -> list[int]:
+    out = []
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                uid = os.stat(f"/proc/{n}").st_uid
+            except OSError:
+                continue
+            if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT:
+                out.append(int(n))
+    return out
+
+
+def load_corpus(subst: dict[str, str]) -> list[tuple[str, Job, set[Status], str]]:
+    cases = []
+    for path in sorted(CORPUS.glob("*.prog")):
+        text = path.read_text()
+        for k, v in subst.items():
+            text = text.replace("{" + k + "}", v)
+        header = {}
+        for line in text.splitlines()[:4]:
+            key, _, val = line[2:].partition(":")
+            header[key.strip()] = val.strip()
+        expect = {Status(s) for s in header["expect"].split("|")}
+        tc = TC(call=header["call"], expected=ast.literal_eval(header["expected"]))
+        lim = SLOW_LIMITS if header["class"] in ("legit", "exhaustion") else LIMITS
+        cases.append((path.stem, Job(program=text, tests=(tc,), limits=lim), expect, header["class"]))
+    return cases
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    os.environ["GRPO_SANDBOX_CANARY"] = CANARY  # must never reach a child (cleared env)
+    sdir = tmp_path_factory.mktemp("sentinels")
+    os.chmod(sdir, 0o777)
+    sentinel = sdir / "sentinel.txt"
+    sentinel.write_text("intact")
+    os.chmod(sentinel, 0o666)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    listener.settimeout(0.2)
+    marker = f"/tmp/grpo_sandbox_marker_{os.getpid()}"
+    subst = {
+        "SENTINEL_DIR": str(sdir),
+        "MARKER": marker,
+        "PORT": str(listener.getsockname()[1]),
+        "CANARY": CANARY,
+        "DATASET": str(MBPP_PATH),
+    }
+    ex = Executor(num_workers=4, limits=LIMITS)
+    yield {
+        "ex": ex,
+        "sentinel": sentinel,
+        "sdir": sdir,
+        "listener": listener,
+        "marker": marker,
+        "subst": subst,
+    }
+    ex.close()
+    listener.close()
+    os.environ.pop("GRPO_SANDBOX_CANARY", None)
+
+
+def needs_namespaces(ex: Executor) -> None:
+    if not ex.tier_report()["active"]["pid_namespace"]:
+        pytest.skip(f"tier {ex.tier} has no pid/mount namespaces (needs root or user namespaces)")
+
+
+def test_corpus_verdicts_and_host_unharmed(env):
+    ex: Executor = env["ex"]
+    needs_namespaces(ex)
+    cases = load_corpus(env["subst"])
+    assert len(cases) >= 50
+    jobs = [c[1] for c in cases]
+    t0 = time.monotonic()
+    verdicts = ex.run(jobs)
+    elapsed = time.monotonic() - t0
+    assert len(verdicts) == len(jobs)
+    bad = []
+    for (name, _job, expect, klass), v in zip(cases, verdicts, strict=True):
+        if v.status not in expect:
+            bad.append(
+                f"{name}: got {v.status.value} ({v.detail[:160]}), want {sorted(s.value for s in expect)}"
+            )
+        if klass != "legit" and name != "input_binary_output" and v.passed:
+            bad.append(f"{name}: hostile program scored 1")
+        if v.seconds > _job.limits.wall_s + 3:
+            bad.append(f"{name}: took {v.seconds:.1f}s")
+    assert not bad, "\n".join(bad)
+    # the whole batch on 4 slots: bounded by (number of slow entries / slots) x (limit + 3 s)
+    assert elapsed < len(jobs) * (SLOW_LIMITS.wall_s + 3) / 4 + 10
+    # host checks, a little after the batch (daemons would have acted by now)
+    time.sleep(2.0)
+    assert env["sentinel"].read_text() == "intact"
+    assert sorted(p.name for p in env["sdir"].iterdir()) == ["sentinel.txt"]
+    for p in (
+        "/tmp/grpo_escape_probe",
+        "/var/tmp/grpo_escape_probe",
+        "/dev/shm/grpo_escape_probe",
+        "/root/grpo_escape_probe",
+        "/etc/grpo_escape_probe",
+        "/usr/grpo_escape_probe",
+        env["marker"],
+    ):
+        assert not os.path.exists(p), p
+    assert sandbox_uid_pids() == []
+    with pytest.raises(socket.timeout):
+        env["listener"].accept()
+    # the parent and the executor still work after all that
+    ok = ex.run([Job("def f(x):\n    return x + 1\n", (TC("f(1)", 2),))])[0]
+    assert ok.passed, ok
+    assert os.environ["GRPO_SANDBOX_CANARY"] == CANARY
+
+
+def test_canary_and_expected_values_never_reach_the_child(env):
+    ex: Executor = env["ex"]
+    cases = {c[0]: c for c in load_corpus(env["subst"])}
+    v_env, v_steal = ex.run([cases["escape_env_canary"][1], cases["hack_steal_expected"][1]])
+    assert not v_env.passed and not v_steal.passed
+    assert CANARY not in v_env.detail and "4242424242" not in v_steal.detail
+
+
+def test_big_source_rejected_fast(env):
+    ex: Executor = env["ex"]
+    t0 = time.monotonic()
+    v = ex.run([Job("x = 1\n" * ((10 << 20) // 6), (TC("x", 1),))])[0]
+    assert v.status is Status.SYNTAX_ERROR and "too large" in v.detail
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_non_utf8_source(env):
+    ex: Executor = env["ex"]
+    prog = b"def f(x):\n    return x + 1\n# \xff\xfe\n".decode("utf-8", "surrogateescape")
+    v = ex.run([Job(prog, (TC("f(1)", 2),))])[0]
+    assert v.status is Status.SYNTAX_ERROR
+    v2 = ex.run([Job(b"def f(x):\n    return x + 1\n", (TC("f(1)", 2),))])[0]  # bytes accepted
+    assert v2.passed
+
+
+def test_soak_shuffled_mixed(env):
+    """The fast part of the corpus, shuffled and repeated with 4 slots: no verdict lost or duplicated, the
+    same verdicts as in isolation, no fd or mount leak in the parent, no leftover processes."""
+    ex: Executor = env["ex"]
+    needs_namespaces(ex)
+    fast = [
+        c
+        for c in load_corpus(env["subst"])
+        if c[3] in ("hack", "input", "legit") and c[0] not in ("legit_memory_cpu",)
+    ]
+    # distinct programs per repetition so the cache does not answer
+    rng = random.Random(0)
+    fds0 = len(os.listdir("/proc/self/fd"))
+    mounts0 = Path("/proc/self/mountinfo").read_text()
+    rounds = []
+    for rep in range(3):
+        batch = []
+        for name, job, expect, _ in fast * 4:
+            prog = job.program + f"\n# rep {rep} {len(batch)}\n"
+            batch.append((name, Job(prog, job.tests, limits=job.limits), expect))
+        rng.shuffle(batch)
+        t0 = time.monotonic()
+        vs = ex.run([b[1] for b in batch])
+        rounds.append(len(batch) / (time.monotonic() - t0))
+        assert len(vs) == len(batch)
+        pairs = zip(batch, vs, strict=True)
+        wrong = [(n, v.status.value, v.detail[:120]) for (n, _, e), v in pairs if v.status not in e]
+        assert not wrong, wrong
+    assert len(os.listdir("/proc/self/fd")) <= fds0 + 2
+    assert Path("/proc/self/mountinfo").read_text() == mounts0
+    assert sandbox_uid_pids() == []
