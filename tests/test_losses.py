@@ -464,6 +464,36 @@ def test_zero_valid_tokens_no_nan():
             assert np.all(np.isfinite(g))
 
 
+def test_garbage_padding_is_harmless():
+    # −inf / NaN in padded positions (e.g. a sampler's padding) must reach neither the loss nor the gradient.
+    pad = MASK == 0
+    lp = jnp.where(pad, -jnp.inf, LP_NEW)
+    lo = jnp.where(pad, jnp.nan, LP_OLD)
+    lr = jnp.where(pad, jnp.inf, LP_REF)
+    ent = jnp.where(pad, jnp.nan, 1.0)
+    cfg = _cfg(0.28, "token_mean", tis_cap=2.0, kl_bias_correction=True)
+
+    @jax.jit
+    def vg(x):
+        f = lambda y: L.grpo_loss(
+            y,
+            lo,
+            lr,
+            jnp.array([A_DDOF1, -A_DDOF1]),
+            MASK,
+            cfg=cfg,
+            kl_coef=0.04,
+            entropy_coef=0.0,
+            entropy=ent,
+            logp_behaviour=lo,
+        )
+        return jax.value_and_grad(f, has_aux=True)(x)
+
+    (loss, aux), g = vg(lp)
+    assert np.isfinite(float(loss)) and all(np.isfinite(float(v)) for v in aux)
+    assert np.all(np.isfinite(g)) and np.all(np.asarray(g)[np.asarray(pad)] == 0.0)
+
+
 def test_vmap_matches_loop():
     rng = np.random.default_rng(1)
     N, G, T = 3, 4, 5

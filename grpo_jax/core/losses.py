@@ -378,19 +378,28 @@ def grpo_per_token_loss(
     J the clipped surrogate at cfg.importance_level, w the TIS weight (1 without tis_cap), KL the
     cfg.kl_estimator estimate to the anchor (× ρ with kl_bias_correction). The KL term is NOT multiplied by w
     (TRL order, §1.9).
-    Returns (per_token_loss [..., T], PerTokenTerms). Masked tokens are not zeroed here (aggregation masks).
+    Returns (per_token_loss [..., T], PerTokenTerms). Padding is made harmless: every per-token input is
+    replaced by 0 where mask == 0 before use, so garbage there (−inf, NaN) reaches neither the loss nor the
+    gradient; the aggregation then masks those positions out.
     """
-    lp = _f32(logp)  # [..., T]
-    lp_old = sg(_f32(logp_old))  # [..., T]
     m = jnp.asarray(mask, jnp.float32)  # [..., T]
-    chex.assert_equal_shape([lp, lp_old, m])
+    valid = m > 0
+
+    def clean(x):  # [..., T] -> float32 with padding zeroed (value AND gradient stay finite)
+        x = _f32(x)
+        chex.assert_equal_shape([x, m])
+        return jnp.where(valid, x, 0.0)
+
+    lp = clean(logp)  # [..., T]
+    lp_old = sg(clean(logp_old))  # [..., T]
     a = sg(_f32(adv))
     if a.ndim == lp.ndim - 1:
         chex.assert_shape(a, lp.shape[:-1])
         a = a[..., None]  # [..., 1] one advantage per sequence
     elif a.shape != lp.shape:
         chex.assert_shape(a, (*lp.shape[:-1], 1))  # [..., 1] one advantage per sequence
-    # else [..., T] per-token advantages (e.g. process supervision)
+    else:
+        a = jnp.where(valid, a, 0.0)  # [..., T] per-token advantages (e.g. process supervision)
     a_tok = jnp.broadcast_to(a, lp.shape)
 
     clip_kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, delta=cfg.delta)
@@ -413,8 +422,7 @@ def grpo_per_token_loss(
             raise ValueError(
                 "grpo_loss: cfg.tis_cap is set, so logp_behaviour (the sampler's log-probs) is needed."
             )
-        lp_b = sg(_f32(logp_behaviour))
-        chex.assert_equal_shape([lp_b, lp])
+        lp_b = sg(clean(logp_behaviour))
         weight = sg(jnp.minimum(jnp.exp(jnp.clip(lp_old - lp_b, -LOG_CLAMP, LOG_CLAMP)), cfg.tis_cap))
     else:
         weight = jnp.ones_like(lp)
@@ -423,8 +431,7 @@ def grpo_per_token_loss(
     if anchor is None:
         kl = jnp.zeros_like(lp)
     else:
-        anchor = _f32(anchor)
-        chex.assert_equal_shape([anchor, lp])
+        anchor = clean(anchor)
         kl = kl_penalty(lp, anchor, kind=cfg.kl_estimator)
         if cfg.kl_bias_correction:
             kl = kl * jnp.exp(jnp.clip(lp - lp_old, -LOG_CLAMP, LOG_CLAMP))
@@ -432,8 +439,7 @@ def grpo_per_token_loss(
     if entropy is None:
         ent = jnp.zeros_like(lp)
     else:
-        ent = _f32(entropy)
-        chex.assert_equal_shape([ent, lp])
+        ent = clean(entropy)
 
     per_token = -(weight * surrogate - _f32(kl_coef) * kl + _f32(entropy_coef) * ent)
     terms = PerTokenTerms(

@@ -94,6 +94,7 @@ def sample(
     """Draw `group` completions of up to `max_new` tokens for each left-padded prompt [B, P]."""
     b = prompt.shape[0]
     cache, logits0 = tfm.prefill(params, cfg, prompt, prompt_mask, group, max_new)
+    layers = tfm.split_layers(params)  # once, outside the loop
     logits = jnp.broadcast_to(logits0[:, None, :], (b, group, logits0.shape[-1]))
     zeros_i = jnp.full((b, group, max_new), pad_id, jnp.int32)
     zeros_f = jnp.zeros((b, group, max_new), jnp.float32)
@@ -111,7 +112,7 @@ def sample(
         lps = jax.lax.dynamic_update_slice(lps, jnp.where(valid, lp, 0.0)[..., None], (0, 0, t))
         msk = jax.lax.dynamic_update_slice(msk, valid.astype(jnp.float32)[..., None], (0, 0, t))
         finished = finished | (tok == eos_id)
-        cache, logits = tfm.decode_step(params, cfg, cache, tok, t)
+        cache, logits = tfm.decode_step(params, cfg, cache, tok, t, layers)
         return t + 1, cache, logits, finished, toks, lps, msk
 
     init = (jnp.int32(0), cache, logits, jnp.zeros((b, group), bool), zeros_i, zeros_f, zeros_f)

@@ -86,6 +86,13 @@ def make_train_step(
         return tfm.token_logp(logits, batch.completions, temperature)
 
     def step(state: TrainState, batch: GRPOBatch):
+        # a non-finite reward is a data bug: its member leaves the group (and is counted in the metrics)
+        finite = jnp.isfinite(batch.rewards)
+        batch = batch.replace(
+            rewards=jnp.where(finite, batch.rewards, 0.0),
+            group_mask=batch.group_mask * finite.astype(jnp.float32),
+        )
+        nonfinite_rewards = jnp.sum(~finite).astype(jnp.float32)
         mask = loss_mask(batch, obj)  # [B,G,T]
         adv = compute_advantages(
             batch.rewards, method=obj.adv_method, ddof=obj.adv_ddof, eps=obj.adv_eps, mask=batch.group_mask
@@ -127,7 +134,7 @@ def make_train_step(
             (loss, (aux, logp, kl_coef, ent_coef)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
                 params, logp_old
             )
-            grad_norms.append(optax.global_norm(grads))
+            grad_norms.append(optax.tree.norm(grads))
             updates, opt_state = optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
             if it == 0:
@@ -150,6 +157,7 @@ def make_train_step(
                 "coef/kl_next": kl_state.coef,
                 "coef/entropy_next": ent_state.coef,
                 "loss/final_iteration": aux.loss,
+                "nonfinite/rewards": nonfinite_rewards,
             }
         )
         new_state = state.replace(

@@ -81,7 +81,7 @@ def main():
         "dp_metric_diff": max(abs(a[k] - b[k]) for a, b in zip(m1, m8, strict=False) for k in a),
         "mp_metric_diff": max(abs(a[k] - b[k]) for a, b in zip(m1, m42, strict=False) for k in a),
         "param_moved": maxdiff(p1, tfm.init_params(CFG, jax.random.PRNGKey(0))),
-        "mp_q_proj_spec": str(qk.sharding.spec),
+        "mp_q_proj_spec": list(qk.sharding.spec),
         "dp_batch_devices": len(s8.params["embed"].sharding.device_set),
     }
     print(json.dumps(res))
