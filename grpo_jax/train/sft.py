@@ -1,0 +1,120 @@
+"""Supervised warm start (SFT): teacher-forced cross-entropy on completion tokens only.
+
+    L(θ) = − Σ_{b,t} m_{b,t} log π_θ(c_{b,t} | prompt_b, c_{b,<t}) / max(Σ_{b,t} m_{b,t}, 1)
+
+(token mean over the batch; prompt tokens carry no loss). The forward is the GRPO trainer's shared-prompt
+forward (`transformer.forward_grouped`) with a group of one, so SFT and GRPO see exactly the same model.
+
+`sft_train` draws shuffled minibatches with jax.random (per-epoch permutation keyed by fold_in(key, epoch)),
+so the same seed gives the same parameters bit for bit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax.policies import transformer as tfm
+
+
+@flax.struct.dataclass
+class SFTBatch:
+    prompt: jax.Array  # [B, P] int32, left-padded
+    prompt_mask: jax.Array  # [B, P] int32
+    completion: jax.Array  # [B, T] int32: reference body + EOS, right-padded
+    completion_mask: jax.Array  # [B, T] 1 on body tokens and EOS
+
+
+def sft_loss(params: Any, cfg: tfm.TransformerConfig, batch: SFTBatch) -> tuple[jax.Array, dict]:
+    """(token-mean cross-entropy over masked completion tokens, {"accuracy": greedy token accuracy})."""
+    comp = batch.completion[:, None, :]  # [B, 1, T]
+    logits, _ = tfm.forward_grouped(params, cfg, batch.prompt, batch.prompt_mask, comp)  # [B, 1, T, V]
+    logits = logits[:, 0]
+    mask = batch.completion_mask.astype(jnp.float32)
+    lsm = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(lsm, batch.completion[..., None], axis=-1)[..., 0]  # [B, T]
+    denom = jnp.maximum(mask.sum(), 1.0)
+    loss = jnp.sum(nll * mask) / denom
+    acc = jnp.sum((jnp.argmax(logits, -1) == batch.completion) * mask) / denom
+    return loss, {"accuracy": acc}
+
+
+def make_sft_step(model_cfg: tfm.TransformerConfig, optimizer: optax.GradientTransformation):
+    """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)` (params/opt_state donated).
+
+    metrics: {"loss", "accuracy", "grad_norm", "tokens"} as float32 scalars."""
+
+    def step(params, opt_state, batch: SFTBatch):
+        (loss, aux), grads = jax.value_and_grad(sft_loss, has_aux=True)(params, model_cfg, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics = {
+            "loss": loss,
+            "accuracy": aux["accuracy"],
+            "grad_norm": optax.tree.norm(grads),
+            "tokens": jnp.sum(batch.completion_mask).astype(jnp.float32),
+        }
+        return params, opt_state, metrics
+
+    return jax.jit(step, donate_argnums=(0, 1))
+
+
+def sft_train(
+    params: Any,
+    model_cfg: tfm.TransformerConfig,
+    optimizer: optax.GradientTransformation,
+    data: tuple[Any, Any, Any, Any],
+    *,
+    steps: int,
+    batch_size: int,
+    seed: int = 0,
+    log_every: int = 0,
+    print_fn: Callable[[str], None] = print,
+) -> tuple[Any, list[dict[str, float]]]:
+    """Train `steps` minibatch updates on `data` = (prompt, prompt_mask, completion, completion_mask)
+    (arrays with a leading example axis, e.g. from `grpo_jax.codegen.pipeline.sft_examples`).
+
+    Minibatches walk a fresh jax.random permutation each epoch (key = fold_in(PRNGKey(seed), epoch)); a
+    batch_size larger than the data is clipped to the data size.
+    Returns (params, per-step metrics as floats)."""
+    n = int(data[0].shape[0])
+    if n == 0:
+        raise ValueError("sft_train: no examples")
+    if steps < 0 or batch_size < 1:
+        raise ValueError(f"sft_train: steps={steps} must be >= 0 and batch_size={batch_size} >= 1")
+    bs = min(batch_size, n)
+    per_epoch = n // bs
+    arrays = tuple(jnp.asarray(a) for a in data)
+    step_fn = make_sft_step(model_cfg, optimizer)
+    opt_state = optimizer.init(params)
+    params = jax.tree.map(jnp.copy, params)  # the caller's params are not donated
+    key = jax.random.PRNGKey(seed)
+
+    @jax.jit
+    def gather(idx):
+        return SFTBatch(*(a[idx] for a in arrays))
+
+    raw: list[dict[str, jax.Array]] = []
+    perm = None
+    t0 = time.perf_counter()
+    for i in range(steps):
+        epoch, j = divmod(i, per_epoch)
+        if j == 0:
+            perm = jax.random.permutation(jax.random.fold_in(key, epoch), n)
+        batch = gather(perm[j * bs : (j + 1) * bs])
+        params, opt_state, metrics = step_fn(params, opt_state, batch)
+        raw.append(metrics)
+        if log_every and ((i + 1) % log_every == 0 or i == steps - 1):
+            m = {k: float(v) for k, v in metrics.items()}
+            print_fn(
+                f"sft step {i + 1:5d}/{steps}  loss {m['loss']:.4f}  acc {m['accuracy']:.3f}"
+                f"  grad_norm {m['grad_norm']:.3f}  {time.perf_counter() - t0:6.1f}s"
+            )
+    history = [{k: float(v) for k, v in m.items()} for m in jax.device_get(raw)]
+    return params, history
