@@ -11,6 +11,7 @@ so the same seed gives the same parameters bit for bit.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,10 +46,17 @@ def sft_loss(params: Any, cfg: tfm.TransformerConfig, batch: SFTBatch) -> tuple[
     return loss, {"accuracy": acc}
 
 
+@jax.jit
+def _gather(arrays: tuple[jax.Array, ...], idx: jax.Array) -> SFTBatch:
+    return SFTBatch(*(a[idx] for a in arrays))
+
+
+@functools.lru_cache(maxsize=16)
 def make_sft_step(model_cfg: tfm.TransformerConfig, optimizer: optax.GradientTransformation):
     """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)` (params/opt_state donated).
 
-    metrics: {"loss", "accuracy", "grad_norm", "tokens"} as float32 scalars."""
+    metrics: {"loss", "accuracy", "grad_norm", "tokens"} as float32 scalars. Cached per (config, optimizer
+    object), so repeated `sft_train` calls with the same optimizer compile once."""
 
     def step(params, opt_state, batch: SFTBatch):
         (loss, aux), grads = jax.value_and_grad(sft_loss, has_aux=True)(params, model_cfg, batch)
@@ -96,10 +104,6 @@ def sft_train(
     params = jax.tree.map(jnp.copy, params)  # the caller's params are not donated
     key = jax.random.PRNGKey(seed)
 
-    @jax.jit
-    def gather(idx):
-        return SFTBatch(*(a[idx] for a in arrays))
-
     raw: list[dict[str, jax.Array]] = []
     perm = None
     t0 = time.perf_counter()
@@ -107,7 +111,7 @@ def sft_train(
         epoch, j = divmod(i, per_epoch)
         if j == 0:
             perm = jax.random.permutation(jax.random.fold_in(key, epoch), n)
-        batch = gather(perm[j * bs : (j + 1) * bs])
+        batch = _gather(arrays, perm[j * bs : (j + 1) * bs])
         params, opt_state, metrics = step_fn(params, opt_state, batch)
         raw.append(metrics)
         if log_every and ((i + 1) % log_every == 0 or i == steps - 1):

@@ -1,0 +1,407 @@
+"""The code-generation run: SFT warm start, then GRPO on sandboxed rewards, with evaluation, logging and
+checkpoints. Host loop only — no math here (that is grpo_jax.core and grpo_jax.train.step).
+
+    executor = Executor(...)                       # started before JAX is used
+    results = run(cfg, executor)                   # cfg: CodegenConfig
+
+One GRPO step: choose B training problems (jax.random with the "data" stream of the step) -> encode prompts ->
+sample G completions each (KV-cache sampler, "sample" stream) -> decode -> sandbox -> all-pass rewards ->
+`train_step` -> log. Evaluation (held-out pass@1 greedy, pass@k sampled) runs after SFT, every `eval_every`
+steps and at the end, with the "eval" stream, so it never changes the training trajectory.
+
+Resume: the workdir's latest checkpoint holds the whole TrainState (params, optimizer, controllers, reference,
+PRNG streams, step) plus host state (results so far, per-problem pass table, config); every per-step random
+choice is a function of (state, step), so a run killed at any point and restarted ends bit-identical to an
+uninterrupted run (tests/test_codegen_e2e.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.codegen import pipeline, tasks
+from grpo_jax.codegen.rewards import failure_counts
+from grpo_jax.codegen.tokenizer import CodeTokenizer
+from grpo_jax.config import ObjectiveConfig, OptimConfig, RolloutConfig
+from grpo_jax.core.advantages import compute_advantages
+from grpo_jax.policies import sampling
+from grpo_jax.policies import transformer as tfm
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.train import sft
+from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
+from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress
+from grpo_jax.train.state import init_state, make_optimizer
+from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+
+
+# fields that may change between a run and its resumption (they do not change the trajectory's meaning)
+class RunConfigError(ValueError):
+    """The run cannot start as configured (e.g. the workdir holds a different run)."""
+
+
+RESUMABLE_CHANGES = (
+    "workdir",
+    "resume",
+    "steps",
+    "eval_every",
+    "checkpoint_every",
+    "log_every",
+    "sample_log_every",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CodegenConfig:
+    workdir: str
+    model: tfm.TransformerConfig
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optim: OptimConfig = OptimConfig(learning_rate=1e-4)
+    rollout: RolloutConfig = RolloutConfig(group_size=8, max_new_tokens=24)
+    seed: int = 0
+    # task suite
+    sft_levels: tuple[int, ...] = (0, 1)
+    rl_levels: tuple[int, ...] = (0, 1)
+    eval_levels: tuple[int, ...] = (0, 1)
+    train_per_level: int = 300
+    heldout_per_level: int = 40
+    prompt_len: int = 64
+    # SFT warm start
+    sft_steps: int = 300
+    sft_batch: int = 32
+    sft_lr: float = 3e-3
+    # GRPO
+    steps: int = 50
+    prompts_per_step: int = 8
+    # evaluation
+    eval_every: int = 0  # 0: only after SFT and at the end
+    eval_samples: int = 8
+    eval_ks: tuple[int, ...] = (1, 8)
+    eval_batch: int = 16
+    # checkpoints and logging
+    checkpoint_every: int = 25
+    keep_checkpoints: int = 2
+    log_every: int = 1
+    sample_log_every: int = 10
+    # sandbox
+    sandbox_wall_s: float = 2.0
+    sandbox_deadline_s: float = 120.0
+    resume: bool = True  # continue from the workdir's latest checkpoint
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"{field}={getattr(self, field)!r}: {why}")
+
+        for f in ("sft_levels", "rl_levels", "eval_levels"):
+            levels = getattr(self, f)
+            if not levels or any(lv not in tasks.LEVELS for lv in levels):
+                bad(f, f"must be a non-empty subset of {tuple(tasks.LEVELS)}")
+        for f in ("train_per_level", "heldout_per_level", "prompt_len", "sft_batch", "prompts_per_step"):
+            if getattr(self, f) < 1:
+                bad(f, "must be >= 1")
+        for f in ("sft_steps", "steps", "eval_every", "checkpoint_every", "sample_log_every"):
+            if getattr(self, f) < 0:
+                bad(f, "must be >= 0")
+        if self.log_every < 1:
+            bad("log_every", "must be >= 1")
+        if self.sft_lr <= 0:
+            bad("sft_lr", "must be > 0")
+        if self.eval_samples < 1 or any(k < 1 or k > self.eval_samples for k in self.eval_ks):
+            bad("eval_ks", f"every k must be in [1, eval_samples={self.eval_samples}]")
+        if self.prompts_per_step > self.train_per_level * len(self.rl_levels):
+            bad("prompts_per_step", "must not exceed the number of RL training problems")
+        if self.sandbox_wall_s <= 0 or self.sandbox_deadline_s <= 0:
+            bad("sandbox_wall_s", "sandbox_wall_s and sandbox_deadline_s must be > 0")
+        if self.model.vocab_size != CodeTokenizer().vocab_size:
+            bad("model", f"vocab_size must be the tokenizer's ({CodeTokenizer().vocab_size})")
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+def params_digest(params: Any) -> str:
+    """SHA-256 over every parameter's bytes (leaf order fixed by the pytree): equal digests = equal bits."""
+    h = hashlib.sha256()
+    for leaf in jax.tree.leaves(jax.device_get(params)):
+        a = np.ascontiguousarray(leaf)
+        h.update(str(a.dtype).encode() + str(a.shape).encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def _atomic_json(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+class _Sampling:
+    """Jitted samplers for training (group G, temperature) and evaluation (greedy, n samples)."""
+
+    def __init__(self, cfg: CodegenConfig, tok: CodeTokenizer):
+        self.cfg, self.tok = cfg, tok
+        r = cfg.rollout
+        self.sp_train = sampling.sampling_params(r.temperature, r.top_k, r.top_p)
+        self.sp_greedy = sampling.sampling_params(0.0)
+
+    def sampler(self, n: int):
+        return sampling.make_sampler(
+            self.cfg.model,
+            group=n,
+            max_new=self.cfg.rollout.max_new_tokens,
+            eos_id=self.tok.eos_id,
+            pad_id=self.tok.pad_id,
+        )
+
+    def eval_fn(self, params, key) -> Callable:
+        counter = [0]
+
+        def fn(prompt, pmask, n, greedy):
+            counter[0] += 1
+            k = jax.random.fold_in(key, counter[0])
+            sp = self.sp_greedy if greedy else self.sp_train
+            out = self.sampler(n)(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp)
+            return np.asarray(out.tokens), np.asarray(out.mask)
+
+        return fn
+
+
+def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] = print) -> dict:
+    """The whole run; returns the results dict (also written to workdir/results.json)."""
+    os.makedirs(cfg.workdir, exist_ok=True)
+    tok = CodeTokenizer()
+    t_start = time.perf_counter()
+    train_sft = tasks.make_split(
+        "train", levels=cfg.sft_levels, n_per_level=cfg.train_per_level, seed=cfg.seed
+    )
+    train_rl = tasks.make_split("train", levels=cfg.rl_levels, n_per_level=cfg.train_per_level, seed=cfg.seed)
+    heldout = tasks.make_split(
+        "heldout", levels=cfg.eval_levels, n_per_level=cfg.heldout_per_level, seed=cfg.seed
+    )
+    print_fn(
+        f"task suite: {len(train_sft)} SFT / {len(train_rl)} RL training problems (levels {cfg.sft_levels} / "
+        f"{cfg.rl_levels}), {len(heldout)} held-out (levels {cfg.eval_levels}); sandbox tier {executor.tier}"
+    )
+    samp = _Sampling(cfg, tok)
+    optimizer = make_optimizer(cfg.optim)
+    ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.keep_checkpoints)
+    pass_table = PassRateTable()
+    results: dict[str, Any] = {}
+    latest = ckpt.latest_step()
+    if latest is not None and not cfg.resume:
+        raise RunConfigError(
+            f"workdir {cfg.workdir} already holds checkpoints (latest step {latest}) and resume is off: "
+            "use a new --workdir, or drop --noresume to continue that run"
+        )
+    state = None
+    if latest is not None:
+        template = init_state(
+            tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed)), cfg.objective, optimizer, seed=cfg.seed
+        )
+        try:
+            state, host = ckpt.restore(template, latest)
+        except CheckpointMismatchError as e:
+            raise RunConfigError(
+                f"the workdir {cfg.workdir} holds a run with a different model: {e}"
+            ) from None
+        _check_resumable(cfg, host["config"])
+        results = host["results"]
+        pass_table.load_state_dict(host["pass_table"])
+        print_fn(f"resumed from {ckpt.directory} at GRPO step {int(state.step)}")
+    logger = MetricsLogger(
+        cfg.workdir,
+        run_info={"config": cfg.to_json(), "tokenizer": tok.fingerprint()},
+        purge_step=None if state is None else int(state.step) + 1,
+    )
+
+    def evaluate(params, key, tag):
+        t = time.perf_counter()
+        res = pipeline.evaluate(
+            samp.eval_fn(params, key),
+            executor,
+            tok,
+            heldout,
+            n_samples=cfg.eval_samples,
+            ks=cfg.eval_ks,
+            prompt_len=cfg.prompt_len,
+            batch=cfg.eval_batch,
+            deadline_s=cfg.sandbox_deadline_s,
+        )
+        res["seconds"] = time.perf_counter() - t
+        print_fn(f"[eval {tag}] " + "  ".join(f"{k} {res[k]:.3f}" for k in _headline(res)))
+        return res
+
+    # ---- SFT warm start (skipped when resuming)
+    if state is None:
+        params = tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed))
+        t = time.perf_counter()
+        data = pipeline.sft_examples(tok, train_sft, cfg.prompt_len, cfg.rollout.max_new_tokens)
+        sft_opt = make_optimizer(OptimConfig(learning_rate=cfg.sft_lr, warmup_steps=min(20, cfg.sft_steps)))
+        params, sft_hist = sft.sft_train(
+            params,
+            cfg.model,
+            sft_opt,
+            data,
+            steps=cfg.sft_steps,
+            batch_size=cfg.sft_batch,
+            seed=cfg.seed,
+            log_every=max(1, cfg.sft_steps // 5) if cfg.sft_steps else 0,
+            print_fn=print_fn,
+        )
+        results["sft_seconds"] = time.perf_counter() - t
+        if sft_hist:
+            results["sft_final_loss"] = sft_hist[-1]["loss"]
+        state = init_state(params, cfg.objective, optimizer, seed=cfg.seed)
+        results["sft"] = evaluate(state.params, state.key("eval"), "after SFT")
+        logger.scalars(0, {_eval_tag(k): v for k, v in results["sft"].items()})
+        ckpt.save(0, state, _host(cfg, results, pass_table), force=True)
+
+    # ---- GRPO
+    train_step = make_train_step(
+        transformer_logits_fn(cfg.model), cfg.objective, optimizer, temperature=cfg.rollout.temperature
+    )
+    sampler = samp.sampler(cfg.rollout.group_size)
+    G, B = cfg.rollout.group_size, cfg.prompts_per_step
+    progress = Progress(cfg.steps, start_step=int(state.step), print_fn=print_fn)
+    stop = SignalFlag.install()
+    keys = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
+    try:
+        while int(state.step) < cfg.steps:
+            step = int(state.step)
+            t0 = time.perf_counter()
+            idx = np.asarray(jax.random.choice(state.key("data"), len(train_rl), (B,), replace=False))
+            probs = [train_rl[i] for i in idx]
+            prompt, pmask = pipeline.encode_prompts(tok, probs, cfg.prompt_len)
+            out = sampler(
+                state.params, jnp.asarray(prompt), jnp.asarray(pmask), state.key("sample"), samp.sp_train
+            )
+            tokens, cmask = np.asarray(out.tokens), np.asarray(out.mask)
+            t1 = time.perf_counter()
+            texts = pipeline.decode_completions(tok, tokens, cmask)
+            verdicts, rewards = pipeline.score_completions(executor, probs, texts, G, cfg.sandbox_deadline_s)
+            t2 = time.perf_counter()
+            batch = GRPOBatch(
+                prompt=jnp.asarray(prompt),
+                prompt_mask=jnp.asarray(pmask),
+                completions=out.tokens,
+                completion_mask=out.mask,
+                rewards=jnp.asarray(rewards),
+                group_mask=jnp.ones((B, G), jnp.float32),
+                logp_sampler=out.logp,
+                truncated=out.truncated,
+            )
+            state, metrics = train_step(state, batch)
+            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            t3 = time.perf_counter()
+            n_tok = float(cmask.sum())
+            m.update(
+                {
+                    "time/sample_s": t1 - t0,
+                    "time/reward_s": t2 - t1,
+                    "time/train_s": t3 - t2,
+                    "time/step_s": t3 - t0,
+                    "throughput/sample_tokens_per_s": n_tok / max(t1 - t0, 1e-9),
+                    "sandbox/programs_per_s": len(texts) / max(t2 - t1, 1e-9),
+                }
+            )
+            m.update({f"sandbox/{k}": float(v) for k, v in failure_counts(verdicts).items()})
+            pass_table.update([p.task_id for p in probs for _ in range(G)], [v.passed for v in verdicts])
+            logger.scalars(step + 1, m)
+            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+                adv = compute_advantages(
+                    jnp.asarray(rewards),
+                    method=cfg.objective.adv_method,
+                    ddof=cfg.objective.adv_ddof,
+                    eps=cfg.objective.adv_eps,
+                )
+                logger.histograms(step + 1, {"advantages": np.asarray(adv), "rewards": rewards})
+                print_fn(progress.line(step + 1, m, keys))
+            if cfg.sample_log_every and (step + 1) % cfg.sample_log_every == 0:
+                logger.samples(
+                    step + 1,
+                    [
+                        {
+                            "task_id": probs[i // G].task_id,
+                            "completion": texts[i],
+                            "status": verdicts[i].status.value,
+                            "reward": float(rewards.reshape(-1)[i]),
+                        }
+                        for i in range(0, len(texts), G)
+                    ],
+                )
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                res = evaluate(state.params, state.key("eval"), f"step {step + 1}")
+                logger.scalars(step + 1, {_eval_tag(k): v for k, v in res.items()})
+                results.setdefault("evals", {})[str(step + 1)] = res
+            done = step + 1 == cfg.steps
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and not done:
+                ckpt.save(step + 1, state, _host(cfg, results, pass_table), force=True)
+            if stop.is_set():
+                ckpt.save(step + 1, state, _host(cfg, results, pass_table), force=True)
+                print_fn(f"signal received: checkpoint saved at step {step + 1}; exiting")
+                results["interrupted_at"] = step + 1
+                return results
+    finally:
+        stop.uninstall()
+
+    # ---- final evaluation and results
+    if "grpo" not in results:
+        results["grpo"] = evaluate(state.params, state.key("eval"), "after GRPO")
+        logger.scalars(int(state.step), {_eval_tag(k): v for k, v in results["grpo"].items()})
+    ckpt.save(int(state.step), state, _host(cfg, results, pass_table), force=True)
+    ckpt.close()
+    logger.table(int(state.step), "pass_rates", pass_table.rows())
+    results["final_params_sha256"] = params_digest(state.params)
+    results["steps"] = int(state.step)
+    results["wall_seconds_this_process"] = time.perf_counter() - t_start
+    results["config"] = cfg.to_json()
+    _atomic_json(os.path.join(cfg.workdir, "results.json"), results)
+    print_fn(final_table(results))
+    logger.close()
+    return results
+
+
+def _host(cfg: CodegenConfig, results: dict, table: PassRateTable) -> dict:
+    return {"config": cfg.to_json(), "results": results, "pass_table": table.state_dict()}
+
+
+def _check_resumable(cfg: CodegenConfig, saved: dict) -> None:
+    now = cfg.to_json()
+    diff = sorted(
+        k for k in set(now) | set(saved) if k not in RESUMABLE_CHANGES and now.get(k) != saved.get(k)
+    )
+    if diff:
+        raise RunConfigError(
+            f"the workdir {cfg.workdir} holds a run with a different configuration ({', '.join(diff)}); "
+            "use a new --workdir or --noresume"
+        )
+
+
+def _eval_tag(key: str) -> str:
+    """TensorBoard tag of an evaluation metric ("pass@8" -> "eval/pass_at_8"; TB would mangle the "@")."""
+    return "eval/" + key.replace("@", "_at_")
+
+
+def _headline(res: dict) -> list[str]:
+    return [k for k in res if k.startswith("pass@") or k.startswith("level")]
+
+
+def final_table(results: dict) -> str:
+    sft_r, grpo_r = results.get("sft", {}), results.get("grpo", {})
+    keys = [k for k in sft_r if k.startswith("pass@") or k.endswith("/pass@1")]
+    lines = ["", f"{'held-out metric':<24}{'after SFT':>12}{'after GRPO':>12}"]
+    for k in keys:
+        g = grpo_r.get(k)
+        lines.append(f"{k:<24}{sft_r[k]:>12.3f}{(f'{g:.3f}' if g is not None else '-'):>12}")
+    return "\n".join(lines)

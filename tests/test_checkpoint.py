@@ -1,0 +1,227 @@
+"""Checkpointer (orbax) and SignalFlag: exact resumption, None leaves, partial saves, mismatch errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax.config import ControllerConfig, ObjectiveConfig, OptimConfig
+from grpo_jax.envs import token_task
+from grpo_jax.policies import sampling
+from grpo_jax.policies import transformer as tfm
+from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
+from grpo_jax.train.state import init_state, make_optimizer
+from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+
+V, P, B, G, T = 8, 4, 4, 4, 4
+MODEL = tfm.TransformerConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32)
+# a reference model (kl_coef > 0) AND an adaptive entropy controller, so every kind of state leaf is exercised
+OBJ = ObjectiveConfig(kl_coef=0.04, controller=ControllerConfig(kind="seed_entropy"))
+OPTIM = OptimConfig(learning_rate=3e-3, warmup_steps=2)
+
+
+def fresh_state(seed: int = 0, obj: ObjectiveConfig = OBJ, model: tfm.TransformerConfig = MODEL):
+    params = tfm.init_params(model, jax.random.PRNGKey(seed))
+    state = init_state(params, obj, make_optimizer(OPTIM), seed=seed)
+    # committed like restored arrays, so the jitted step compiles once for both (see Checkpointer.restore)
+    return jax.device_put(state, jax.devices()[0])
+
+
+@pytest.fixture(scope="module")
+def loop():
+    """step(state) -> (state, metrics as floats): one token-task GRPO iteration, compiled once."""
+    train_step = make_train_step(transformer_logits_fn(MODEL), OBJ, make_optimizer(OPTIM))
+    sampler = sampling.make_sampler(MODEL, group=G, max_new=T, eos_id=-1, pad_id=0)
+    sp = sampling.sampling_params(1.0)
+
+    def step(state):
+        prompt, pmask = token_task.make_prompts(state.key("data"), B, P, V)
+        out = sampler(state.params, prompt, pmask, state.key("sample"), sp)
+        r = token_task.rewards(prompt, out.tokens, V)
+        batch = GRPOBatch(
+            prompt=prompt,
+            prompt_mask=pmask,
+            completions=out.tokens,
+            completion_mask=out.mask,
+            rewards=r,
+            group_mask=jnp.ones_like(r),
+            logp_sampler=out.logp,
+            truncated=out.truncated,
+        )
+        state, metrics = train_step(state, batch)
+        return state, {k: float(v) for k, v in metrics.items()}
+
+    return step
+
+
+def to_host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
+def assert_trees_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for (path, x), y in zip(jax.tree_util.tree_flatten_with_path(a)[0], jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x), np.asarray(y)
+        assert x.dtype == y.dtype, jax.tree_util.keystr(path)
+        np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+
+
+def test_n_steps_checkpoint_n_steps_equals_2n_steps(loop, tmp_path):
+    n = 3
+    host = {"cursor": {"epoch": 0, "index": 12}, "config": {"lr": 3e-3, "name": "tiny"}, "seen": [1, 2, 3]}
+    # uninterrupted run, with a checkpoint taken at step n on the way
+    state = fresh_state(0)
+    for _ in range(n):
+        state, _ = loop(state)
+    saved = to_host(state)  # a host copy: the next train_step donates `state`'s buffers
+    ckpt = Checkpointer(tmp_path / "ck")  # relative/Path input is made absolute
+    assert os.path.isabs(ckpt.directory)
+    assert ckpt.save(n, state, host, force=True)
+    ckpt.close()
+    full_metrics = []
+    for _ in range(n):
+        state, m = loop(state)
+        full_metrics.append(m)
+    full = to_host(state)
+
+    # resumed run: a fresh template from a DIFFERENT seed, so nothing can come from the template's values
+    ckpt = Checkpointer(tmp_path / "ck")
+    assert ckpt.latest_step() == n
+    resumed, host_back = ckpt.restore(fresh_state(seed=123))
+    ckpt.close()
+    assert host_back == host
+    assert isinstance(resumed.opt_state, optax.ApplyIfFiniteState)
+    assert type(resumed.kl_ctrl) is type(saved.kl_ctrl) and type(resumed.ent_ctrl) is type(saved.ent_ctrl)
+    assert int(resumed.step) == n and int(resumed.opt_state.inner_state[1][0].count) == n
+    assert_trees_equal(to_host(resumed), saved)  # all leaves bit-identical: params, adam, counts, rng
+    resumed_metrics = []
+    for _ in range(n):
+        resumed, m = loop(resumed)
+        resumed_metrics.append(m)
+    assert_trees_equal(to_host(resumed), full)
+    assert resumed_metrics == full_metrics
+
+
+def test_none_leaves_roundtrip_and_abstract_template(tmp_path):
+    obj = ObjectiveConfig(kl_coef=0.0)  # no reference model: ref_params is None
+    state = fresh_state(1, obj=obj)
+    assert state.ref_params is None
+    with Checkpointer(tmp_path) as ckpt:
+        assert ckpt.save(7, state, {}, force=True)
+        restored, host = ckpt.restore(jax.eval_shape(lambda: fresh_state(2, obj=obj)))
+    assert host == {}
+    assert restored.ref_params is None
+    assert isinstance(restored.opt_state, optax.ApplyIfFiniteState)
+    assert_trees_equal(to_host(restored), to_host(state))
+
+
+def test_mismatched_template_names_what_differs(tmp_path):
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0)), {"a": 1}, force=True)
+        with pytest.raises(CheckpointMismatchError, match=r"not in the checkpoint: ref_params\.embed"):
+            ckpt.restore(fresh_state(0, obj=ObjectiveConfig(kl_coef=0.1)))
+        bigger = tfm.TransformerConfig(
+            vocab_size=V + 1, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32
+        )
+        with pytest.raises(CheckpointMismatchError, match=r"params\.embed \(checkpoint float32\[8, 16\] vs"):
+            ckpt.restore(fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0), model=bigger))
+        with pytest.raises(
+            CheckpointMismatchError, match=r"in the checkpoint but not in the template: rng\.eval"
+        ):
+            s = fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0))
+            ckpt.restore(s.replace(rng={k: v for k, v in s.rng.items() if k != "eval"}))
+
+
+def test_partial_save_is_ignored(tmp_path):
+    a = fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0))
+    b = a.replace(step=jnp.int32(2), params=jax.tree.map(lambda x: x + 1.0, a.params))
+    with Checkpointer(tmp_path) as ckpt:
+        ckpt.save(1, a, {"at": 1}, force=True)
+        ckpt.save(2, b, {"at": 2}, force=True)
+    # a save of step 3 killed midway: orbax's tmp directory with only part of the files
+    tmp = tmp_path / "3.orbax-checkpoint-tmp-1700000000000000"
+    shutil.copytree(tmp_path / "2", tmp)
+    os.remove(tmp / "_CHECKPOINT_METADATA")
+    shutil.rmtree(tmp / "host")
+    with Checkpointer(tmp_path) as ckpt:
+        assert ckpt.latest_step() == 2
+        assert ckpt.all_steps() == [1, 2]
+        state, host = ckpt.restore(a)
+        assert host == {"at": 2}
+        assert_trees_equal(to_host(state), to_host(b))
+        assert not tmp.exists()  # leftovers of killed saves are cleaned up when a Checkpointer opens the dir
+        assert ckpt.save(3, b, {"at": 3}, force=True)  # and the step can be written again
+        assert ckpt.latest_step() == 3
+
+
+def test_should_save_keep_and_force(tmp_path):
+    s = fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0))
+    with Checkpointer(tmp_path, keep=2, save_every=2) as ckpt:
+        assert [ckpt.should_save(i) for i in range(5)] == [False, False, True, False, True]
+        assert not ckpt.save(3, s, {})  # not a save step, not forced
+        assert ckpt.save(3, s, {}, force=True)
+        for i in (2, 4, 6):
+            assert ckpt.save(i, s, {"i": i})
+        assert ckpt.all_steps() == [4, 6]  # keep=2
+        assert not ckpt.should_save(6)  # already saved
+        assert not ckpt.save(6, s, {}, force=True)  # an existing step is never overwritten
+        assert ckpt.restore(s)[1] == {"i": 6}
+        assert ckpt.restore(s, step=4)[1] == {"i": 4}
+    with Checkpointer(tmp_path, save_every=0) as ckpt:
+        assert not any(ckpt.should_save(i) for i in range(10))
+
+
+def test_errors(tmp_path):
+    s = fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0))
+    with Checkpointer(tmp_path / "empty") as ckpt:
+        assert ckpt.latest_step() is None
+        with pytest.raises(FileNotFoundError, match="no complete checkpoint"):
+            ckpt.restore(s)
+        with pytest.raises(ValueError, match="not JSON-serialisable"):
+            ckpt.save(1, s, {"bad": object()}, force=True)
+        assert ckpt.all_steps() == []  # nothing half-written
+        ckpt.save(1, s, {}, force=True)
+        with pytest.raises(FileNotFoundError, match=r"step 5 not found.*\[1\]"):
+            ckpt.restore(s, step=5)
+    with pytest.raises(ValueError, match="keep=0"):
+        Checkpointer(tmp_path, keep=0)
+
+
+def _wait(flag, timeout=2.0):
+    end = time.monotonic() + timeout
+    while not flag.is_set() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def test_signal_flag_sigterm_and_uninstall():
+    before_term = signal.getsignal(signal.SIGTERM)
+    before_int = signal.getsignal(signal.SIGINT)
+    flag = SignalFlag.install()
+    try:
+        assert not flag.is_set()
+        os.kill(os.getpid(), signal.SIGTERM)
+        _wait(flag)
+        assert flag.is_set() and flag.signum == signal.SIGTERM
+    finally:
+        flag.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is before_term
+    assert signal.getsignal(signal.SIGINT) is before_int
+    flag.uninstall()  # idempotent
+
+
+def test_signal_flag_sigint_twice_raises():
+    with SignalFlag.install(signals=(signal.SIGINT,)) as flag:
+        os.kill(os.getpid(), signal.SIGINT)
+        _wait(flag)
+        assert flag.is_set() and flag.signum == signal.SIGINT
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1.0)

@@ -1,0 +1,131 @@
+"""End to end: `python -m experiments.codegen` in a subprocess (SFT -> GRPO on sandboxed rewards -> eval), its
+events / JSONL / checkpoints, bit-exact resume after SIGKILL, and one-line errors for bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_jax.train.logging import read_events
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "--flagfile=experiments/flagfiles/tiny_test.flags"
+
+
+def _cmd(*args):
+    return [sys.executable, "-m", "experiments.codegen", *args]
+
+
+def _run(*args, timeout=600):
+    return subprocess.run(_cmd(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    wd = tmp_path_factory.mktemp("e2e") / "run"
+    proc = _run(TINY, f"--workdir={wd}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return wd, proc
+
+
+def test_run_leaves_events_jsonl_checkpoints_and_results(uninterrupted):
+    wd, proc = uninterrupted
+    assert "isolation tier" in proc.stdout
+    assert "after SFT" in proc.stdout and "after GRPO" in proc.stdout
+    results = json.loads((wd / "results.json").read_text())
+    assert results["steps"] == 6
+    for phase in ("sft", "grpo"):
+        assert 0.0 <= results[phase]["pass@1"] <= 1.0 and "pass@2" in results[phase]
+    lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    train_lines = [x for x in lines if "reward" in x]
+    assert [x["step"] for x in train_lines] == [1, 2, 3, 4, 5, 6]
+    for key in (
+        "Policy/Entropy",
+        "Training/AdvantageNorm",
+        "Performance/SuccessRate",
+        "sandbox/syntax_error",
+        "time/sample_s",
+        "time/reward_s",
+        "time/train_s",
+        "sandbox/programs_per_s",
+    ):
+        assert key in train_lines[-1], key
+    events = read_events(wd / "tb")
+    for tag in ("Policy/Entropy", "Training/AdvantageNorm", "Performance/SuccessRate", "grad_norm", "kl"):
+        assert [s for s, _ in events[tag]] == [1, 2, 3, 4, 5, 6], tag
+    assert [s for s, _ in events["eval/pass_at_1"]] == [0, 6]
+    samples = [json.loads(x) for x in (wd / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"task_id", "completion", "status", "reward"} <= set(samples[0])
+    ckpts = sorted(int(p.name) for p in (wd / "checkpoints").iterdir() if p.name.isdigit())
+    assert ckpts[-1] == 6
+    assert (wd / "run.json").exists() and (wd / "pass_rates.jsonl").exists()
+
+
+def test_sigkill_and_resume_is_bit_identical(uninterrupted, tmp_path):
+    ref_wd, _ = uninterrupted
+    ref = json.loads((ref_wd / "results.json").read_text())
+    wd = tmp_path / "killed"
+    proc = subprocess.Popen(
+        _cmd(TINY, f"--workdir={wd}"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while not (wd / "checkpoints" / "4").exists():  # killed after the step-4 checkpoint, before the end
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no step-4 checkpoint within 300 s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)
+    assert not (wd / "results.json").exists()
+    resumed = _run(TINY, f"--workdir={wd}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed from" in resumed.stdout
+    got = json.loads((wd / "results.json").read_text())
+    assert got["final_params_sha256"] == ref["final_params_sha256"]
+    assert got["grpo"] == {**ref["grpo"], "seconds": got["grpo"]["seconds"]}
+    lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines if "reward" in x] == [1, 2, 3, 4, 5, 6]  # each step once
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--group_size=1"], "--group_size=1"),
+        (["--learning_rate=-1"], "--learning_rate=-1.0"),
+        (["--sft_levels=0,9"], "--sft_levels"),
+        (["--preset=ppo"], "--preset=ppo"),
+        (["--flagfile=does/not/exist.flags"], "does/not/exist.flags"),
+        (["--steps=many"], "--steps=many"),
+    ],
+)
+def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):
+    wd = tmp_path / "never"
+    proc = _run(TINY, f"--workdir={wd}", *args, timeout=120)
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("I1", "W1"))]
+    assert len(err) == 1 and needle in err[0], proc.stderr
+    assert not wd.exists()
+
+
+def test_garbled_flagfile(tmp_path):
+    bad = tmp_path / "bad.flags"
+    bad.write_bytes(b"--steps=3\n--\xff\xfe=\n")
+    proc = _run(f"--flagfile={bad}", f"--workdir={tmp_path / 'never'}", timeout=120)
+    assert proc.returncode != 0
+    err = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(err) == 1, proc.stderr
+    assert not (tmp_path / "never").exists()
+
+
+def test_workdir_with_other_run_is_refused(uninterrupted, tmp_path):
+    wd, _ = uninterrupted
+    proc = _run(TINY, f"--workdir={wd}", "--d_model=64", "--n_heads=2", timeout=300)
+    assert proc.returncode == 2
+    assert "different" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    os.stat(wd / "results.json")  # the earlier run's files are untouched
