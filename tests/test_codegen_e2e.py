@@ -129,3 +129,20 @@ def test_workdir_with_other_run_is_refused(uninterrupted, tmp_path):
     assert proc.returncode == 2
     assert "different" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     os.stat(wd / "results.json")  # the earlier run's files are untouched
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    wd = tmp_path / "term"
+    proc = subprocess.Popen(
+        _cmd(TINY, f"--workdir={wd}"), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    deadline = time.monotonic() + 300
+    while not (wd / "checkpoints" / "2").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    assert "signal received: checkpoint saved at step" in out
+    stopped = int(out.split("checkpoint saved at step ")[1].split(";")[0])
+    assert (wd / "checkpoints" / str(stopped)).exists() and not (wd / "results.json").exists()
