@@ -122,7 +122,13 @@ def test_purge_step_on_resume(tmp_path):
         for s in (3, 4):
             logger.scalars(s, {"x": 10.0 * s})
     assert read_events(tmp_path)["x"] == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
-    assert [ln["step"] for ln in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2, 3, 4, 3, 4]
+    # the JSONL lines of the redone steps are replaced, so each step appears once
+    assert [(ln["step"], ln["x"]) for ln in read_jsonl(tmp_path / "metrics.jsonl")] == [
+        (1, 1.0),
+        (2, 2.0),
+        (3, 30.0),
+        (4, 40.0),
+    ]
 
 
 def test_read_events_single_file_and_truncated(tmp_path):
@@ -223,17 +229,3 @@ def test_pass_rate_table():
     with pytest.raises(ValueError, match="2 task_ids but 1 passed"):
         t.update(["a", "b"], [True])
     assert PassRateTable().summary() == {"n_problems_seen": 0, "n_ever_solved": 0, "mean_pass_rate": 0.0}
-
-
-def test_resume_drops_jsonl_lines_from_purge_step(tmp_path):
-    from grpo_jax.train.logging import MetricsLogger
-
-    log = MetricsLogger(tmp_path, run_info={}, enable_tensorboard=False)
-    for step in (1, 2, 3, 4):
-        log.scalars(step, {"x": float(step)})
-    log.close()
-    log = MetricsLogger(tmp_path, run_info={}, enable_tensorboard=False, purge_step=3)
-    log.scalars(3, {"x": 30.0})
-    log.close()
-    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [(x["step"], x["x"]) for x in lines] == [(1, 1.0), (2, 2.0), (3, 30.0)]
