@@ -39,7 +39,7 @@ from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.train import sft
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
-from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress
+from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
 from grpo_jax.train.state import init_state, make_optimizer
 from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
 
@@ -136,14 +136,6 @@ def params_digest(params: Any) -> str:
         h.update(str(a.dtype).encode() + str(a.shape).encode())
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-def _atomic_json(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 class _Sampling:
@@ -312,7 +304,8 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
                     "time/train_s": t3 - t2,
                     "time/step_s": t3 - t0,
                     "throughput/sample_tokens_per_s": n_tok / max(t1 - t0, 1e-9),
-                    "sandbox/programs_per_s": len(texts) / max(t2 - t1, 1e-9),
+                    "sandbox/programs_per_s": len(texts) / max(t2 - t1, 1e-9),  # result-cache hits included
+                    "sandbox/cache_hits": float(sum(v.cached for v in verdicts)),
                 }
             )
             m.update({f"sandbox/{k}": float(v) for k, v in failure_counts(verdicts).items()})
@@ -366,7 +359,7 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
     results["steps"] = int(state.step)
     results["wall_seconds_this_process"] = time.perf_counter() - t_start
     results["config"] = cfg.to_json()
-    _atomic_json(os.path.join(cfg.workdir, "results.json"), results)
+    write_json_atomic(os.path.join(cfg.workdir, "results.json"), results)
     print_fn(final_table(results))
     logger.close()
     return results
