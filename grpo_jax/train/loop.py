@@ -355,6 +355,14 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
     ckpt.save(int(state.step), state, _host(cfg, results, pass_table), force=True)
     ckpt.close()
     logger.table(int(state.step), "pass_rates", pass_table.rows())
+    results["train_problems"] = pass_table.summary()
+    rows = pass_table.rows()
+    print_fn(
+        "training problems: {n_problems_seen} seen, {n_ever_solved} ever solved, mean pass rate "
+        "{mean_pass_rate:.3f} (per-problem table: pass_rates.jsonl)".format(**results["train_problems"])
+    )
+    for r in rows[:3] + rows[-3:] if len(rows) > 6 else rows:
+        print_fn(f"  {r['task_id']:<28} {r['passes']:>4}/{r['attempts']:<4} pass rate {r['pass_rate']:.2f}")
     results["final_params_sha256"] = params_digest(state.params)
     results["steps"] = int(state.step)
     results["wall_seconds_this_process"] = time.perf_counter() - t_start
