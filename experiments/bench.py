@@ -67,7 +67,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     from grpo_jax.policies import sampling
     from grpo_jax.policies import transformer as tfm
     from grpo_jax.train.state import init_state, make_optimizer
-    from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+    from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
 
     cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
     obj = ObjectiveConfig(kl_coef=0.04)
@@ -87,16 +87,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
         out.tokens.block_until_ready()
         t1 = time.perf_counter()
         rewards = (out.tokens[..., 0] % 2).astype(jnp.float32)  # any non-constant reward
-        batch = GRPOBatch(
-            prompt=prompt,
-            prompt_mask=pmask,
-            completions=out.tokens,
-            completion_mask=out.mask,
-            rewards=rewards,
-            group_mask=jnp.ones((B, G), jnp.float32),
-            logp_sampler=out.logp,
-            truncated=out.truncated,
-        )
+        batch = batch_from_samples(prompt, pmask, out, rewards)
         state, metrics = train_step(state, batch)
         jax.block_until_ready(metrics)
         t2 = time.perf_counter()

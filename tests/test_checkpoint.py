@@ -19,7 +19,7 @@ from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
 
 V, P, B, G, T = 8, 4, 4, 4, 4
 MODEL = tfm.TransformerConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32)
@@ -46,16 +46,7 @@ def loop():
         prompt, pmask = token_task.make_prompts(state.key("data"), B, P, V)
         out = sampler(state.params, prompt, pmask, state.key("sample"), sp)
         r = token_task.rewards(prompt, out.tokens, V)
-        batch = GRPOBatch(
-            prompt=prompt,
-            prompt_mask=pmask,
-            completions=out.tokens,
-            completion_mask=out.mask,
-            rewards=r,
-            group_mask=jnp.ones_like(r),
-            logp_sampler=out.logp,
-            truncated=out.truncated,
-        )
+        batch = batch_from_samples(prompt, pmask, out, r)
         state, metrics = train_step(state, batch)
         return state, {k: float(v) for k, v in metrics.items()}
 

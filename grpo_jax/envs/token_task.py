@@ -21,7 +21,7 @@ from grpo_jax.config import ObjectiveConfig, OptimConfig, RolloutConfig
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,16 +93,7 @@ def run(
         )
         out = sampler(state.params, prompt, pmask, state.key("sample"), sp)
         r = rewards(prompt, out.tokens, task.vocab_size)
-        batch = GRPOBatch(
-            prompt=prompt,
-            prompt_mask=pmask,
-            completions=out.tokens,
-            completion_mask=out.mask,
-            rewards=r,
-            group_mask=jnp.ones_like(r),
-            logp_sampler=out.logp,
-            truncated=out.truncated,
-        )
+        batch = batch_from_samples(prompt, pmask, out, r)
         state, metrics = train_step(state, batch)
         m = {k: float(v) for k, v in metrics.items()}
         history.append(m)

@@ -41,7 +41,7 @@ from grpo_jax.train import sft
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
 
 
 # fields that may change between a run and its resumption (they do not change the trajectory's meaning)
@@ -283,16 +283,7 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
             texts = pipeline.decode_completions(tok, tokens, cmask)
             verdicts, rewards = pipeline.score_completions(executor, probs, texts, G, cfg.sandbox_deadline_s)
             t2 = time.perf_counter()
-            batch = GRPOBatch(
-                prompt=jnp.asarray(prompt),
-                prompt_mask=jnp.asarray(pmask),
-                completions=out.tokens,
-                completion_mask=out.mask,
-                rewards=jnp.asarray(rewards),
-                group_mask=jnp.ones((B, G), jnp.float32),
-                logp_sampler=out.logp,
-                truncated=out.truncated,
-            )
+            batch = batch_from_samples(prompt, pmask, out, rewards)
             state, metrics = train_step(state, batch)
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
             t3 = time.perf_counter()

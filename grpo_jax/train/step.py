@@ -46,6 +46,21 @@ class GRPOBatch:
     truncated: jax.Array  # [B, G] bool: no EOS within T
 
 
+def batch_from_samples(prompt, prompt_mask, out, rewards, group_mask=None) -> GRPOBatch:
+    """The GRPOBatch of one rollout: prompts [B, P], a sampling.SampleOutput [B, G, T], rewards [B, G]."""
+    rewards = jnp.asarray(rewards, jnp.float32)
+    return GRPOBatch(
+        prompt=jnp.asarray(prompt),
+        prompt_mask=jnp.asarray(prompt_mask),
+        completions=out.tokens,
+        completion_mask=out.mask,
+        rewards=rewards,
+        group_mask=jnp.ones_like(rewards) if group_mask is None else jnp.asarray(group_mask, jnp.float32),
+        logp_sampler=out.logp,
+        truncated=out.truncated,
+    )
+
+
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
