@@ -12,7 +12,7 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
 
 CFG = tfm.TransformerConfig(
     vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, qkv_bias=True
@@ -26,7 +26,7 @@ def _batch(params, seed=0):
         params, prompt, pmask, jax.random.PRNGKey(100 + seed), sampling.sampling_params(1.0)
     )
     r = tt.rewards(prompt, out.tokens, CFG.vocab_size)
-    return GRPOBatch(prompt, pmask, out.tokens, out.mask, r, jnp.ones_like(r), out.logp, out.truncated)
+    return batch_from_samples(prompt, pmask, out, r)
 
 
 def _setup(obj=ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01), jit=True, lr=1e-2):

@@ -20,7 +20,7 @@ from grpo_jax.policies import sampling  # noqa: E402
 from grpo_jax.policies import transformer as tfm  # noqa: E402
 from grpo_jax.train import sharding  # noqa: E402
 from grpo_jax.train.state import init_state, make_optimizer  # noqa: E402
-from grpo_jax.train.step import GRPOBatch, make_train_step, transformer_logits_fn  # noqa: E402
+from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn  # noqa: E402
 
 CFG = tfm.TransformerConfig(
     vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, qkv_bias=True
@@ -39,7 +39,7 @@ def batches():
         pmask = (jnp.arange(P)[None] >= (jnp.arange(B) % 3)[:, None]).astype(jnp.int32)
         s = sampler(params, prompt, pmask, jax.random.PRNGKey(20 + i), sampling.sampling_params(1.0))
         r = (s.tokens[..., 0] % 3 == 0).astype(jnp.float32)
-        out.append(GRPOBatch(prompt, pmask, s.tokens, s.mask, r, jnp.ones_like(r), s.logp, s.truncated))
+        out.append(batch_from_samples(prompt, pmask, s, r))
     return out
 
 
