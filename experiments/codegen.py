@@ -85,6 +85,44 @@ F.DEFINE_enum("controller_acts_on", "entropy_coef", ["entropy_coef", "kl_coef"],
 F.DEFINE_float("controller_target", None, "Controller target (entropy or KL); None = the controller default.")
 F.DEFINE_integer("num_iterations", 1, "Optimiser steps per rollout batch (mu).")
 F.DEFINE_bool("mask_truncated", False, "Drop completions without EOS from the loss (DAPO overlong filter).")
+F.DEFINE_enum(
+    "baseline",
+    "group",
+    ["group", "pool", "mix"],
+    "Advantage baseline: group (canonical GRPO), pool (mean reward of the past-policy pool on the same "
+    "prompt, scale-only form) or mix (a weighted sum of both). pool/mix need a pool.",
+)
+F.DEFINE_float("baseline_mix", 0.5, "Weight of the pool baseline in --baseline=mix, in [0, 1].")
+F.DEFINE_float("baseline_std_floor", 1.0, "Advantage scale of all-equal groups under a pool baseline.")
+F.DEFINE_enum(
+    "ref_update", "frozen", ["frozen", "hard", "ema"], "Reference policy updates (needs kl_coef > 0)."
+)
+F.DEFINE_integer("ref_update_every", 1, "Reference update period in GRPO steps (hard reset or EMA step).")
+F.DEFINE_float("ref_ema_tau", 0.005, "EMA rate tau of --ref_update=ema (the seed: 0.005).")
+# policy pool (grpo_jax.pool)
+F.DEFINE_integer("pool_capacity", 0, "Past-policy pool slots K_max (0 = no pool).")
+F.DEFINE_list(
+    "pool_k_schedule",
+    [],
+    "Active pool size by GRPO step, 'step:K,...' starting at 0 (e.g. 0:8,100:16,500:32).",
+)
+F.DEFINE_integer("pool_push_every", 10, "Push a snapshot of the policy into the pool every N GRPO steps.")
+F.DEFINE_integer("pool_eval_members", 0, "Pool members evaluated per step (0 = all slots).")
+F.DEFINE_integer("pool_samples_per_member", 1, "Completions per prompt each evaluated member draws.")
+F.DEFINE_float("pool_explore_fraction", 0.0, "Fraction of pushes made exploration members (seed: 0.2).")
+F.DEFINE_enum(
+    "pool_explore_mode", "temperature", ["temperature", "param_noise"], "How exploration members explore."
+)
+F.DEFINE_float("pool_explore_temperature", 1.5, "Sampling temperature of exploration members.")
+F.DEFINE_float("pool_explore_noise", 0.02, "Relative parameter-noise scale of exploration members.")
+# LoRA
+F.DEFINE_integer("lora_rank", 0, "Train LoRA adapters of this rank, base frozen (0 = full fine-tuning).")
+F.DEFINE_float("lora_alpha", 16.0, "LoRA alpha (scale alpha / rank).")
+F.DEFINE_list(
+    "lora_targets",
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "Projections that get adapters.",
+)
 F.DEFINE_float("temperature", 1.0, "Sampling temperature for training rollouts.")
 F.DEFINE_integer("top_k", 0, "Top-k for training rollouts (0 = off).")
 F.DEFINE_float("top_p", 1.0, "Top-p for training rollouts (1 = off).")
@@ -121,6 +159,11 @@ PRESET_FLAGS = (
     "group_size",
     "mask_truncated",
     "controller",
+    "baseline",
+    "ref_update",
+    "ref_update_every",
+    "ref_ema_tau",
+    "pool_capacity",
 )
 
 
@@ -140,6 +183,21 @@ def _ints(name: str) -> tuple[int, ...]:
 def _check(cond: bool, name: str, why: str) -> None:
     if not cond:
         raise FlagError(f"--{name}={FLAGS[name].value}: {why}")
+
+
+def pool_k_schedule() -> tuple[tuple[int, int], ...]:
+    """--pool_k_schedule 'step:K,...' -> ((step, K), ...)."""
+    out = []
+    for item in FLAGS.pool_k_schedule:
+        try:
+            a, b = item.split(":")
+            out.append((int(a), int(b)))
+        except ValueError:
+            raise FlagError(  # noqa: B904
+                f"--pool_k_schedule={','.join(FLAGS.pool_k_schedule)}: expected 'step:K,...' pairs of "
+                "integers, e.g. 0:8,100:16,500:32"
+            )
+    return tuple(out)
 
 
 def check_flags() -> None:
@@ -189,13 +247,31 @@ def check_flags() -> None:
     for name in ("sft_levels", "rl_levels", "eval_levels"):
         levels = _ints(name)
         _check(bool(levels) and all(0 <= lv <= 4 for lv in levels), name, "levels must be in 0..4")
+    _check(FLAGS.pool_capacity >= 0, "pool_capacity", "must be >= 0 (0 = no pool)")
+    _check(FLAGS.lora_rank >= 0, "lora_rank", "must be >= 0 (0 = off)")
+    _check(0 <= FLAGS.baseline_mix <= 1, "baseline_mix", "must be in [0, 1]")
+    _check(0 < FLAGS.ref_ema_tau <= 1, "ref_ema_tau", "must be in (0, 1]")
+    _check(0 <= FLAGS.pool_explore_fraction <= 1, "pool_explore_fraction", "must be in [0, 1]")
+    for name in ("ref_update_every", "pool_push_every", "pool_samples_per_member"):
+        _check(FLAGS[name].value >= 1, name, "must be >= 1")
+    for name in ("baseline_std_floor", "lora_alpha", "pool_explore_temperature"):
+        _check(FLAGS[name].value > 0, name, "must be > 0")
+    _check(FLAGS.pool_explore_noise >= 0, "pool_explore_noise", "must be >= 0")
+    pool_k_schedule()
     ks = _ints("eval_ks")
     _check(all(1 <= k <= FLAGS.eval_samples for k in ks), "eval_ks", "each k in [1, --eval_samples]")
 
 
 def build_config():
     """Flags -> CodegenConfig (imports JAX-side modules; call after the sandbox has started)."""
-    from grpo_jax.config import ControllerConfig, ObjectiveConfig, OptimConfig, RolloutConfig
+    from grpo_jax.config import (
+        ControllerConfig,
+        LoRAConfig,
+        ObjectiveConfig,
+        OptimConfig,
+        PoolConfig,
+        RolloutConfig,
+    )
     from grpo_jax.core.losses import GRPOLossConfig
     from grpo_jax.core.presets import PRESET_NAMES, get_preset
     from grpo_jax.policies.transformer import TransformerConfig
@@ -222,7 +298,13 @@ def build_config():
             "group_size": p.group_size,
             "mask_truncated": p.mask_truncated,
             "controller": p.entropy_controller or "constant",
+            "pool_capacity": p.pool_size,
+            "baseline": "pool" if p.pool_size > 0 else "group",
         }
+        if p.ref_reset_every is not None:
+            from_preset.update(ref_update="hard", ref_update_every=p.ref_reset_every)
+        if p.ref_ema_tau is not None:
+            from_preset.update(ref_update="ema", ref_update_every=1, ref_ema_tau=p.ref_ema_tau)
         for name, value in from_preset.items():
             if not FLAGS[name].present:
                 v[name] = value
@@ -231,15 +313,14 @@ def build_config():
             for label, on in (
                 ("dynamic sampling", p.dynamic_sampling),
                 ("overlong reward shaping", p.overlong is not None),
-                ("reference reset", p.ref_reset_every is not None),
-                ("policy pool", p.pool_size > 0),
-                ("EMA reference", p.ref_ema_tau is not None),
             )
             if on
         ]
         if missing:
             notes.append(f"preset {p.name}: not implemented yet, running without: {', '.join(missing)}")
         notes.append(f"preset {p.name}: {p.notes}")
+    if v["ref_update"] != "frozen" and v["kl_coef"] == 0 and not FLAGS["ref_update"].present:
+        v["ref_update"] = "frozen"  # a preset's reference schedule is moot once --kl_coef=0 removes the KL
     if v["adv_method"] not in ("grpo", "dr_grpo", "rloo", "batch_std"):
         raise FlagError(f"--adv_method={v['adv_method']}: valid: grpo, dr_grpo, rloo, batch_std")
     kw = (("target", FLAGS.controller_target),) if FLAGS.controller_target is not None else ()
@@ -263,7 +344,25 @@ def build_config():
             controller=ControllerConfig(v["controller"], FLAGS.controller_acts_on, kw),
             mask_truncated=v["mask_truncated"],
             num_iterations=FLAGS.num_iterations,
+            baseline=v["baseline"],
+            baseline_mix=FLAGS.baseline_mix,
+            baseline_std_floor=FLAGS.baseline_std_floor,
+            ref_update=v["ref_update"],
+            ref_update_every=v["ref_update_every"],
+            ref_ema_tau=v["ref_ema_tau"],
         )
+        pool_cfg = PoolConfig(
+            capacity=v["pool_capacity"],
+            k_schedule=pool_k_schedule(),
+            push_every=FLAGS.pool_push_every,
+            eval_members=FLAGS.pool_eval_members,
+            samples_per_member=FLAGS.pool_samples_per_member,
+            explore_fraction=FLAGS.pool_explore_fraction,
+            explore_mode=FLAGS.pool_explore_mode,
+            explore_temperature=FLAGS.pool_explore_temperature,
+            explore_noise=FLAGS.pool_explore_noise,
+        )
+        lora_cfg = LoRAConfig(rank=FLAGS.lora_rank, alpha=FLAGS.lora_alpha, targets=tuple(FLAGS.lora_targets))
         model = TransformerConfig(
             vocab_size=512,
             d_model=FLAGS.d_model,
@@ -292,6 +391,8 @@ def build_config():
                 top_k=FLAGS.top_k,
                 top_p=FLAGS.top_p,
             ),
+            pool=pool_cfg,
+            lora=lora_cfg,
             seed=FLAGS.seed,
             sft_levels=_ints("sft_levels"),
             rl_levels=_ints("rl_levels"),

@@ -13,6 +13,9 @@ from grpo_jax.core.controllers import CONTROLLER_KINDS
 from grpo_jax.core.losses import GRPOLossConfig
 
 ADV_METHODS = ("grpo", "dr_grpo", "rloo", "batch_std")
+BASELINES = ("group", "pool", "mix")
+REF_UPDATES = ("frozen", "hard", "ema")
+EXPLORE_MODES = ("temperature", "param_noise")
 ENTROPY_CONTROLLERS = ("seed_entropy", "skywork_entropy")
 KL_CONTROLLERS = ("ppo_adaptive_kl", "ziegler_kl")
 
@@ -55,6 +58,16 @@ class ObjectiveConfig:
     mask_truncated: drop completions that hit max_new_tokens without EOS from the loss (DAPO overlong filter).
     num_iterations: μ, optimiser steps per rollout batch (μ > 1 makes π_θ differ from π_old after the first).
     success_threshold: a sample counts as a success (Performance/SuccessRate) when reward >= this.
+
+    baseline: "group" (canonical GRPO: the group mean, z-scored), "pool" (the seed's past-policy pool: the
+        pool's mean reward on the same prompt, in the scale-only form of GRPO_MATH §3 row 4 / T1b,
+        A = (r − b_pool) / (std_G(r) + eps), with `baseline_std_floor` as the scale of all-equal groups) or
+        "mix" (b = baseline_mix · b_pool + (1 − baseline_mix) · mean_G(r), same scale). Prompts on which the
+        pool has no returns fall back to the group mean. Pool/mix need adv_method="grpo".
+    ref_update: how π_ref moves (GRPO_MATH §3 row 9): "frozen" (default), "hard" (π_ref ← π_θ every
+        `ref_update_every` steps; R1 resets every 400) or "ema" (π_ref ← π_ref + τ (π_θ − π_ref) every
+        `ref_update_every` steps; the seed's "target network rate 0.005" is τ = 0.005 every step, TR-DPO /
+        TRL sync_ref_model is τ = 0.6 every 512).
     """
 
     adv_method: str = "grpo"
@@ -67,8 +80,30 @@ class ObjectiveConfig:
     mask_truncated: bool = False
     num_iterations: int = 1
     success_threshold: float = 1.0
+    baseline: str = "group"
+    baseline_mix: float = 0.5
+    baseline_std_floor: float = 1.0
+    ref_update: str = "frozen"
+    ref_update_every: int = 1
+    ref_ema_tau: float = 0.005
 
     def __post_init__(self):
+        if self.baseline not in BASELINES:
+            _fail(self, "baseline", f"valid: {', '.join(BASELINES)}")
+        if self.baseline != "group" and self.adv_method != "grpo":
+            _fail(self, "baseline", "a pool baseline uses the group-std scale: it needs adv_method='grpo'")
+        if not 0 <= self.baseline_mix <= 1:
+            _fail(self, "baseline_mix", "must be in [0, 1]")
+        if not self.baseline_std_floor > 0:
+            _fail(self, "baseline_std_floor", "must be > 0")
+        if self.ref_update not in REF_UPDATES:
+            _fail(self, "ref_update", f"valid: {', '.join(REF_UPDATES)}")
+        if not (isinstance(self.ref_update_every, int) and self.ref_update_every >= 1):
+            _fail(self, "ref_update_every", "must be an integer >= 1")
+        if not 0 < self.ref_ema_tau <= 1:
+            _fail(self, "ref_ema_tau", "must be in (0, 1]")
+        if self.ref_update != "frozen" and not self.uses_reference:
+            _fail(self, "ref_update", "moving the reference needs a KL to it (kl_coef > 0, kl_anchor='ref')")
         if self.adv_method not in ADV_METHODS:
             _fail(self, "adv_method", f"valid: {', '.join(ADV_METHODS)}")
         if self.adv_ddof not in (0, 1):
@@ -136,3 +171,94 @@ class RolloutConfig:
             _fail(self, "top_k", "must be >= 0 (0 = off)")
         if not 0 < self.top_p <= 1:
             _fail(self, "top_p", "must be in (0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """Train LoRA adapters only (Hu et al. 2021), the base model frozen; rank 0 = full fine-tuning.
+
+    With adapters on, the TrainState's `params` are the adapters, `frozen` the base; the reference policy is
+    the base without adapters (the initial adapters have B = 0), and a policy pool stores adapters only.
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self):
+        if not (isinstance(self.rank, int) and self.rank >= 0):
+            _fail(self, "rank", "must be an integer >= 0 (0 = off)")
+        if not self.alpha > 0:
+            _fail(self, "alpha", "must be > 0")
+        valid = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+        if not self.targets or any(t not in valid for t in self.targets):
+            _fail(self, "targets", f"a non-empty subset of {', '.join(valid)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolConfig:
+    """The seed's pool of past policies (grpo_jax.pool); capacity 0 = no pool.
+
+    capacity: K_max, the static number of slots (ONE stacked pytree with leading axis K_max).
+    k_schedule: ((step, K), ...) piecewise-constant active size (the seed: 8 -> 16 -> 32); the K most recent
+        snapshots are active. Empty: K = capacity. K is data: changing it never recompiles.
+    push_every: a snapshot of π_θ is pushed every N GRPO steps.
+    eval_members: M slots evaluated per step (a random subset of the active ones, masked if fewer are active);
+        0 = all capacity slots. samples_per_member: completions each evaluated member draws per prompt.
+    explore_fraction: fraction of pushes that become exploration members (the seed: 0.2), which sample with
+        `explore_temperature` ("temperature") or are stored with Gaussian parameter noise of relative size
+        `explore_noise` ("param_noise", Plappert et al. 2018).
+    """
+
+    capacity: int = 0
+    k_schedule: tuple[tuple[int, int], ...] = ()
+    push_every: int = 10
+    eval_members: int = 0
+    samples_per_member: int = 1
+    explore_fraction: float = 0.0
+    explore_mode: str = "temperature"
+    explore_temperature: float = 1.5
+    explore_noise: float = 0.02
+
+    def __post_init__(self):
+        if not (isinstance(self.capacity, int) and self.capacity >= 0):
+            _fail(self, "capacity", "must be an integer >= 0 (0 = no pool)")
+        steps = [s for s, _ in self.k_schedule]
+        if self.k_schedule and (steps[0] != 0 or steps != sorted(set(steps))):
+            _fail(self, "k_schedule", "steps must start at 0 and increase strictly, e.g. ((0, 8), (100, 16))")
+        if any(not 1 <= k <= max(self.capacity, 1) for _, k in self.k_schedule):
+            _fail(self, "k_schedule", f"every K must be in [1, capacity={self.capacity}]")
+        if self.push_every < 1:
+            _fail(self, "push_every", "must be >= 1")
+        if not 0 <= self.eval_members <= self.capacity:
+            _fail(self, "eval_members", f"must be in [0, capacity={self.capacity}] (0 = all slots)")
+        if self.samples_per_member < 1:
+            _fail(self, "samples_per_member", "must be >= 1")
+        if not 0 <= self.explore_fraction <= 1:
+            _fail(self, "explore_fraction", "must be in [0, 1]")
+        if self.explore_mode not in EXPLORE_MODES:
+            _fail(self, "explore_mode", f"valid: {', '.join(EXPLORE_MODES)}")
+        if not self.explore_temperature > 0:
+            _fail(self, "explore_temperature", "must be > 0")
+        if not self.explore_noise >= 0:
+            _fail(self, "explore_noise", "must be >= 0")
+
+    @property
+    def enabled(self) -> bool:
+        return self.capacity > 0
+
+    @property
+    def members_per_step(self) -> int:
+        return self.eval_members or self.capacity
+
+    def k_at(self, step: int) -> int:
+        """Active pool size at GRPO step `step` (piecewise constant; capacity without a schedule)."""
+        k = self.capacity
+        for s, kk in self.k_schedule:
+            if step >= s:
+                k = kk
+        return k

@@ -93,6 +93,43 @@ def test_sigkill_and_resume_is_bit_identical(uninterrupted, tmp_path):
     assert [x["step"] for x in lines if "reward" in x] == [1, 2, 3, 4, 5, 6]  # each step once
 
 
+POOL = (
+    "--baseline=pool",
+    "--pool_capacity=4",
+    "--pool_push_every=2",
+    "--pool_k_schedule=0:2,4:4",
+    "--pool_explore_fraction=0.5",
+    "--lora_rank=2",
+    "--kl_coef=0.04",
+    "--ref_update=ema",
+    "--ref_ema_tau=0.1",
+    "--steps=8",
+)
+
+
+def test_pool_lora_ema_run_and_extension_resume(tmp_path):
+    """--baseline=pool with LoRA adapters and an EMA reference end to end; a 4-step run extended to 8 steps
+    (resumed from its final checkpoint) ends bit-identical to an uninterrupted 8-step run."""
+    full = _run(TINY, f"--workdir={tmp_path / 'full'}", *POOL)
+    assert full.returncode == 0, full.stderr[-3000:]
+    assert "LoRA rank 2: training" in full.stdout
+    lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    train = {x["step"]: x for x in lines if "reward" in x}
+    assert sorted(train) == list(range(1, 9))
+    assert "pool/members_evaluated" not in train[2]  # the pool is empty until the step-2 push
+    assert train[3]["pool/members_evaluated"] == 1.0 and train[3]["pool/baseline_coverage"] == 1.0
+    assert [train[s]["pool/k_schedule"] for s in (3, 4)] == [2.0, 4.0]  # K 2 -> 4 at step 4
+    assert train[8]["pool/size"] == 4.0 and train[8]["pool/explore_members"] == 2.0
+    assert all(train[s]["ref/updated"] == 1.0 for s in train)
+    half = _run(TINY, f"--workdir={tmp_path / 'ext'}", *POOL[:-1], "--steps=4")
+    assert half.returncode == 0, half.stderr[-3000:]
+    ext = _run(TINY, f"--workdir={tmp_path / 'ext'}", *POOL)
+    assert ext.returncode == 0 and "resumed from" in ext.stdout, ext.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("full", "ext"))
+    assert a["final_params_sha256"] == b["final_params_sha256"]
+    assert b["grpo_eval_step"] == 8 and a["grpo"] == {**b["grpo"], "seconds": a["grpo"]["seconds"]}
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -102,6 +139,9 @@ def test_sigkill_and_resume_is_bit_identical(uninterrupted, tmp_path):
         (["--preset=ppo"], "--preset=ppo"),
         (["--flagfile=does/not/exist.flags"], "does/not/exist.flags"),
         (["--steps=many"], "--steps=many"),
+        (["--baseline=pool"], "needs a policy pool"),
+        (["--pool_capacity=4", "--pool_k_schedule=0:8"], "k_schedule"),
+        (["--ref_update=ema", "--kl_coef=0"], "ref_update"),
     ],
 )
 def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):

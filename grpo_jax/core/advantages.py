@@ -143,6 +143,36 @@ def scaled_baseline(
     return (r - b) / scale * m
 
 
+def pool_baseline_advantages(
+    rewards: jax.Array,
+    pool_baseline: jax.Array,
+    pool_valid: jax.Array,
+    *,
+    mix: float = 1.0,
+    ddof: int = 1,
+    eps: float = 1e-4,
+    mask: jax.Array | None = None,
+    std_floor: float = 1.0,
+):
+    """The policy-pool baseline (`--baseline=pool|mix`), in the scale-only form of `scaled_baseline`:
+
+        b = mix · b_pool(q) + (1 − mix) · mean_G(r)      where the pool has returns on q (pool_valid)
+        b = mean_G(r)                                    otherwise
+        Â_i = (r_i − b) / (std_G(r; ddof) + eps),   or (r_i − b) / std_floor for an all-equal group.
+
+    rewards [..., G]; pool_baseline, pool_valid [...]. mix = 1 is the pure pool baseline, mix = 0 (or no pool
+    returns) is exactly canonical GRPO (an all-equal group then gets r − mean = 0). The pool matters most on
+    all-equal groups: all G completions fail while pool members passed → negative advantages; all pass where
+    the pool failed → positive. Literal cases: tests/test_pool.py.
+    """
+    r, m = _prep(rewards, mask)
+    mean, _, _, _ = _group_stats(r, m, -1, ddof)
+    mean = mean[..., 0]
+    bp = jnp.asarray(pool_baseline, jnp.float32)
+    b = jnp.where(jnp.asarray(pool_valid) > 0, mix * bp + (1.0 - mix) * mean, mean)
+    return scaled_baseline(r, b, ddof=ddof, eps=eps, mask=m, std_floor=std_floor)
+
+
 def process_advantages(
     step_rewards: jax.Array,
     step_end: jax.Array,

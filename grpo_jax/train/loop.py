@@ -29,19 +29,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import pool
 from grpo_jax.codegen import pipeline, tasks
 from grpo_jax.codegen.rewards import failure_counts
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.config import ObjectiveConfig, OptimConfig, RolloutConfig
-from grpo_jax.core.advantages import compute_advantages
-from grpo_jax.policies import sampling
+from grpo_jax.config import LoRAConfig, ObjectiveConfig, OptimConfig, PoolConfig, RolloutConfig
+from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.train import sft
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
-from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
+from grpo_jax.train.pool_host import PoolRuntime
+from grpo_jax.train.state import TrainState, init_state, make_optimizer, rng_streams
+from grpo_jax.train.step import advantages, batch_from_samples, make_train_step, transformer_logits_fn
 
 
 # fields that may change between a run and its resumption (they do not change the trajectory's meaning)
@@ -67,6 +68,8 @@ class CodegenConfig:
     objective: ObjectiveConfig = ObjectiveConfig()
     optim: OptimConfig = OptimConfig(learning_rate=1e-4)
     rollout: RolloutConfig = RolloutConfig(group_size=8, max_new_tokens=24)
+    pool: PoolConfig = PoolConfig()
+    lora: LoRAConfig = LoRAConfig()
     seed: int = 0
     # task suite
     sft_levels: tuple[int, ...] = (0, 1)
@@ -123,6 +126,8 @@ class CodegenConfig:
             bad("sandbox_wall_s", "sandbox_wall_s and sandbox_deadline_s must be > 0")
         if self.model.vocab_size != CodeTokenizer().vocab_size:
             bad("model", f"vocab_size must be the tokenizer's ({CodeTokenizer().vocab_size})")
+        if self.objective.baseline != "group" and not self.pool.enabled:
+            bad("objective", f"baseline={self.objective.baseline!r} needs a policy pool (pool capacity > 0)")
 
     def to_json(self) -> dict:
         return json.loads(json.dumps(dataclasses.asdict(self)))
@@ -136,6 +141,33 @@ def params_digest(params: Any) -> str:
         h.update(str(a.dtype).encode() + str(a.shape).encode())
         h.update(a.tobytes())
     return h.hexdigest()
+
+
+def make_param_fn(cfg: LoRAConfig):
+    """(trainable, frozen) -> full model parameters: None for full fine-tuning, LoRA merge otherwise."""
+    if not cfg.enabled:
+        return None
+
+    def fn(adapters, base):
+        return lora.merge(jax.lax.stop_gradient(base), adapters, alpha=cfg.alpha)
+
+    return fn
+
+
+def fresh_state(cfg: CodegenConfig, params: Any, optimizer) -> TrainState:
+    """The GRPO TrainState that starts from `params` (the SFT policy): LoRA adapters (B = 0) over the frozen
+    base when cfg.lora is on, and an empty pool shaped like the trainable parameters when cfg.pool is on."""
+    frozen = None
+    if cfg.lora.enabled:
+        key = jax.random.fold_in(rng_streams(cfg.seed)["init"], 1)
+        frozen, params = params, lora.init(params, key, rank=cfg.lora.rank, targets=cfg.lora.targets)
+    p = pool.init(params, cfg.pool.capacity) if cfg.pool.enabled else None
+    return init_state(params, cfg.objective, optimizer, seed=cfg.seed, frozen=frozen, pool=p)
+
+
+def policy_params(state: TrainState, param_fn) -> Any:
+    """The full parameters of the current policy (sampling, evaluation)."""
+    return state.params if param_fn is None else param_fn(state.params, state.frozen)
 
 
 class _Sampling:
@@ -197,10 +229,9 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
             "use a new --workdir, or drop --noresume to continue that run"
         )
     state = None
+    param_fn = make_param_fn(cfg.lora)
     if latest is not None:
-        template = init_state(
-            tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed)), cfg.objective, optimizer, seed=cfg.seed
-        )
+        template = fresh_state(cfg, tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed)), optimizer)
         try:
             state, host = ckpt.restore(template, latest)
         except CheckpointMismatchError as e:
@@ -254,15 +285,33 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
         results["sft_seconds"] = time.perf_counter() - t
         if sft_hist:
             results["sft_final_loss"] = sft_hist[-1]["loss"]
-        state = init_state(params, cfg.objective, optimizer, seed=cfg.seed)
-        results["sft"] = evaluate(state.params, state.key("eval"), "after SFT")
+        state = fresh_state(cfg, params, optimizer)
+        if cfg.lora.enabled:
+            n_ad, n_all = lora.num_params(state.params), lora.num_params(state.frozen)
+            print_fn(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
+        results["sft"] = evaluate(policy_params(state, param_fn), state.key("eval"), "after SFT")
         logger.scalars(0, {_eval_tag(k): v for k, v in results["sft"].items()})
         ckpt.save(0, state, _host(cfg, results, pass_table), force=True)
 
     # ---- GRPO
     train_step = make_train_step(
-        transformer_logits_fn(cfg.model), cfg.objective, optimizer, temperature=cfg.rollout.temperature
+        transformer_logits_fn(cfg.model),
+        cfg.objective,
+        optimizer,
+        temperature=cfg.rollout.temperature,
+        param_fn=param_fn,
     )
+    pool_rt = None
+    if cfg.pool.enabled:
+        pool_rt = PoolRuntime(
+            cfg.pool,
+            cfg.rollout,
+            cfg.model,
+            tok,
+            uses_baseline=cfg.objective.baseline != "group",
+            member_fn=param_fn,
+            deadline_s=cfg.sandbox_deadline_s,
+        )
     sampler = samp.sampler(cfg.rollout.group_size)
     G, B = cfg.rollout.group_size, cfg.prompts_per_step
     progress = Progress(cfg.steps, start_step=int(state.step), print_fn=print_fn)
@@ -276,16 +325,30 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
             probs = [train_rl[i] for i in idx]
             prompt, pmask = pipeline.encode_prompts(tok, probs, cfg.prompt_len)
             out = sampler(
-                state.params, jnp.asarray(prompt), jnp.asarray(pmask), state.key("sample"), samp.sp_train
+                policy_params(state, param_fn),
+                jnp.asarray(prompt),
+                jnp.asarray(pmask),
+                state.key("sample"),
+                samp.sp_train,
             )
             tokens, cmask = np.asarray(out.tokens), np.asarray(out.mask)
             t1 = time.perf_counter()
             texts = pipeline.decode_completions(tok, tokens, cmask)
             verdicts, rewards = pipeline.score_completions(executor, probs, texts, G, cfg.sandbox_deadline_s)
+            pool_b, pool_valid, pool_m = (None, None, {})
+            if pool_rt is not None:
+                pool_b, pool_valid, pool_m = pool_rt.baseline(state, executor, probs, prompt, pmask, step)
             t2 = time.perf_counter()
-            batch = batch_from_samples(prompt, pmask, out, rewards)
+            batch = batch_from_samples(
+                prompt, pmask, out, rewards, baseline=pool_b, baseline_valid=pool_valid
+            )
             state, metrics = train_step(state, batch)
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+            m.update(pool_m)
+            if pool_rt is not None:
+                log_now = (step + 1) % cfg.log_every == 0
+                state, pm = pool_rt.after_step(state, step + 1, with_diversity=log_now)
+                m.update(pm)
             t3 = time.perf_counter()
             n_tok = float(cmask.sum())
             m.update(
@@ -303,12 +366,7 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
             pass_table.update([p.task_id for p in probs for _ in range(G)], [v.passed for v in verdicts])
             logger.scalars(step + 1, m)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                adv = compute_advantages(
-                    jnp.asarray(rewards),
-                    method=cfg.objective.adv_method,
-                    ddof=cfg.objective.adv_ddof,
-                    eps=cfg.objective.adv_eps,
-                )
+                adv = advantages(batch, cfg.objective)
                 logger.histograms(step + 1, {"advantages": np.asarray(adv), "rewards": rewards})
                 print_fn(progress.line(step + 1, m, keys))
             if cfg.sample_log_every and (step + 1) % cfg.sample_log_every == 0:
@@ -325,7 +383,7 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
                     ],
                 )
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                res = evaluate(state.params, state.key("eval"), f"step {step + 1}")
+                res = evaluate(policy_params(state, param_fn), state.key("eval"), f"step {step + 1}")
                 logger.scalars(step + 1, {_eval_tag(k): v for k, v in res.items()})
                 results.setdefault("evals", {})[str(step + 1)] = res
             done = step + 1 == cfg.steps
@@ -340,8 +398,9 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
         stop.uninstall()
 
     # ---- final evaluation and results
-    if "grpo" not in results:
-        results["grpo"] = evaluate(state.params, state.key("eval"), "after GRPO")
+    if results.get("grpo_eval_step") != int(state.step):  # not yet evaluated at this step (or run extended)
+        results["grpo"] = evaluate(policy_params(state, param_fn), state.key("eval"), "after GRPO")
+        results["grpo_eval_step"] = int(state.step)
         logger.scalars(int(state.step), {_eval_tag(k): v for k, v in results["grpo"].items()})
     ckpt.save(int(state.step), state, _host(cfg, results, pass_table), force=True)
     ckpt.close()

@@ -29,6 +29,8 @@ class TrainState:
     kl_ctrl: Any  # controller state; .coef is the KL coefficient β
     ent_ctrl: Any  # controller state; .coef is the entropy-bonus coefficient
     rng: dict[str, jax.Array]  # named PRNG streams (raw uint32 key data, checkpointable)
+    frozen: Any = None  # frozen base parameters when `params` are LoRA adapters (None: params are the model)
+    pool: Any = None  # grpo_jax.pool.PoolState of past policies (None: no pool)
 
     def key(self, stream: str) -> jax.Array:
         """The key of `stream` for the current step."""
@@ -70,9 +72,17 @@ def make_controllers(obj: ObjectiveConfig) -> tuple[Controller, Controller]:
 
 
 def init_state(
-    params: Any, obj: ObjectiveConfig, optimizer: optax.GradientTransformation, seed: int
+    params: Any,
+    obj: ObjectiveConfig,
+    optimizer: optax.GradientTransformation,
+    seed: int,
+    *,
+    frozen: Any = None,
+    pool: Any = None,
 ) -> TrainState:
-    """A fresh TrainState; the reference policy is a copy of the initial parameters (if one is used)."""
+    """A fresh TrainState; the reference policy is a copy of the initial trainable parameters (if used).
+
+    `params` are what the optimiser trains (the model, or LoRA adapters with the base in `frozen`)."""
     kl_ctrl, ent_ctrl = make_controllers(obj)
     ref = jax.tree.map(jnp.copy, params) if obj.uses_reference else None
     return TrainState(
@@ -83,4 +93,6 @@ def init_state(
         kl_ctrl=kl_ctrl.init(),
         ent_ctrl=ent_ctrl.init(),
         rng=rng_streams(seed),
+        frozen=frozen,
+        pool=pool,
     )

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from grpo_jax.config import ObjectiveConfig
-from grpo_jax.core.advantages import compute_advantages
+from grpo_jax.core.advantages import compute_advantages, pool_baseline_advantages
 from grpo_jax.core.losses import grpo_loss
 from grpo_jax.core.metrics import masked_mean, masked_std
 from grpo_jax.policies import transformer as tfm
@@ -44,11 +44,17 @@ class GRPOBatch:
     group_mask: jax.Array  # [B, G] float32: 1 for members that take part (padding / filtered groups: 0)
     logp_sampler: jax.Array  # [B, G, T] float32: the sampler's log-probs of the completion tokens
     truncated: jax.Array  # [B, G] bool: no EOS within T
+    baseline: jax.Array  # [B] float32: external per-prompt baseline (the policy pool's mean return)
+    baseline_valid: jax.Array  # [B] float32: 1 where `baseline` holds returns (else the group mean is used)
 
 
-def batch_from_samples(prompt, prompt_mask, out, rewards, group_mask=None) -> GRPOBatch:
-    """The GRPOBatch of one rollout: prompts [B, P], a sampling.SampleOutput [B, G, T], rewards [B, G]."""
+def batch_from_samples(
+    prompt, prompt_mask, out, rewards, group_mask=None, baseline=None, baseline_valid=None
+) -> GRPOBatch:
+    """The GRPOBatch of one rollout: prompts [B, P], a sampling.SampleOutput [B, G, T], rewards [B, G];
+    optionally the pool baseline [B] and its validity [B] (objective baseline "pool" / "mix")."""
     rewards = jnp.asarray(rewards, jnp.float32)
+    b = rewards.shape[0]
     return GRPOBatch(
         prompt=jnp.asarray(prompt),
         prompt_mask=jnp.asarray(prompt_mask),
@@ -58,6 +64,12 @@ def batch_from_samples(prompt, prompt_mask, out, rewards, group_mask=None) -> GR
         group_mask=jnp.ones_like(rewards) if group_mask is None else jnp.asarray(group_mask, jnp.float32),
         logp_sampler=out.logp,
         truncated=out.truncated,
+        baseline=jnp.zeros((b,), jnp.float32) if baseline is None else jnp.asarray(baseline, jnp.float32),
+        baseline_valid=(
+            jnp.zeros((b,), jnp.float32)
+            if baseline_valid is None
+            else jnp.asarray(baseline_valid, jnp.float32)
+        ),
     )
 
 
@@ -87,17 +99,22 @@ def make_train_step(
     temperature: float = 1.0,
     jit: bool = True,
     shardings: tuple[Any, Any] | None = None,
+    param_fn: Callable[[Any, Any], Any] | None = None,
 ):
     """Build `train_step(state, batch) -> (state, metrics)`.
 
     jit=True compiles it once (the state argument is donated); `shardings=(state_sharding, batch_sharding)`
     pins input/output shardings for multi-device meshes (grpo_jax.train.sharding).
+    param_fn(trainable, frozen) -> full model parameters, for states whose `params` are not the whole model
+    (LoRA: `lora.merge` of the stop-gradient'ed frozen base `state.frozen` with the adapters). The reference
+    policy is `param_fn(state.ref_params, state.frozen)` likewise.
     """
     kl_ctrl, ent_ctrl = make_controllers(obj)
     measures_kl = obj.controller.measures == "kl"
 
-    def token_stats(params, batch):
-        logits = logits_fn(params, batch.prompt, batch.prompt_mask, batch.completions)
+    def token_stats(params, frozen, batch):
+        full = params if param_fn is None else param_fn(params, frozen)
+        logits = logits_fn(full, batch.prompt, batch.prompt_mask, batch.completions)
         return tfm.token_logp(logits, batch.completions, temperature)
 
     def step(state: TrainState, batch: GRPOBatch):
@@ -109,17 +126,15 @@ def make_train_step(
         )
         nonfinite_rewards = jnp.sum(~finite).astype(jnp.float32)
         mask = loss_mask(batch, obj)  # [B,G,T]
-        adv = compute_advantages(
-            batch.rewards, method=obj.adv_method, ddof=obj.adv_ddof, eps=obj.adv_eps, mask=batch.group_mask
-        )  # [B,G]
+        adv = advantages(batch, obj)  # [B,G]
         logp_ref = None
         if obj.uses_reference:
-            logp_ref, _ = token_stats(state.ref_params, batch)
+            logp_ref, _ = token_stats(state.ref_params, state.frozen, batch)
             logp_ref = jax.lax.stop_gradient(logp_ref)
         n_samples = jnp.sum(batch.group_mask)
 
         def loss_fn(params, logp_old):
-            logp, ent = token_stats(params, batch)
+            logp, ent = token_stats(params, state.frozen, batch)
             if logp_old is None:
                 logp_old = jax.lax.stop_gradient(logp)
             ent_mean = jax.lax.stop_gradient(masked_mean(ent, mask))
@@ -164,6 +179,7 @@ def make_train_step(
         else:
             ent_state = ent_ctrl.update(ent_state, measured, n_steps=n_samples)
 
+        ref_params, ref_due = update_reference(state.ref_params, params, state.step + 1, obj)
         metrics = _metrics(batch, obj, mask, adv, aux_first, logp_first, grad_norms[0], opt_state)
         metrics.update(
             {
@@ -173,10 +189,18 @@ def make_train_step(
                 "coef/entropy_next": ent_state.coef,
                 "loss/final_iteration": aux.loss,
                 "nonfinite/rewards": nonfinite_rewards,
+                "ref/updated": ref_due,
             }
         )
+        if obj.baseline != "group":
+            metrics.update(_baseline_metrics(batch))
         new_state = state.replace(
-            step=state.step + 1, params=params, opt_state=opt_state, kl_ctrl=kl_state, ent_ctrl=ent_state
+            step=state.step + 1,
+            params=params,
+            opt_state=opt_state,
+            kl_ctrl=kl_state,
+            ent_ctrl=ent_state,
+            ref_params=ref_params,
         )
         return new_state, metrics
 
@@ -186,6 +210,60 @@ def make_train_step(
         return jax.jit(step, donate_argnums=0)
     state_sh, batch_sh = shardings
     return jax.jit(step, donate_argnums=0, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None))
+
+
+def advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+    """[B, G] sequence advantages of a batch under the objective's estimator and baseline."""
+    if obj.baseline == "group":
+        return compute_advantages(
+            batch.rewards, method=obj.adv_method, ddof=obj.adv_ddof, eps=obj.adv_eps, mask=batch.group_mask
+        )
+    return pool_baseline_advantages(
+        batch.rewards,
+        batch.baseline,
+        batch.baseline_valid,
+        mix=1.0 if obj.baseline == "pool" else obj.baseline_mix,
+        ddof=obj.adv_ddof,
+        eps=obj.adv_eps,
+        mask=batch.group_mask,
+        std_floor=obj.baseline_std_floor,
+    )
+
+
+def update_reference(ref: Any, params: Any, new_step: jax.Array, obj: ObjectiveConfig):
+    """π_ref after the update that made `new_step` (GRPO_MATH §3 row 9): frozen; hard reset π_ref ← π_θ; or
+    EMA π_ref ← π_ref + τ (π_θ − π_ref) — each every `ref_update_every` steps. Returns (ref, updated 0/1)."""
+    if ref is None or obj.ref_update == "frozen":
+        return ref, jnp.float32(0.0)
+    due = (new_step % obj.ref_update_every) == 0
+    tau = 1.0 if obj.ref_update == "hard" else obj.ref_ema_tau
+
+    def upd(r, p):
+        if obj.ref_update == "hard":
+            new = p.astype(r.dtype)
+        else:
+            r32 = r.astype(jnp.float32)
+            new = (r32 + tau * (p.astype(jnp.float32) - r32)).astype(r.dtype)
+        return jnp.where(due, new, r)
+
+    return jax.tree.map(upd, ref, params), due.astype(jnp.float32)
+
+
+def _baseline_metrics(batch: GRPOBatch) -> dict[str, jax.Array]:
+    """How the pool baseline relates to the group: coverage, mean gap, and the groups it gives a signal."""
+    gm = batch.group_mask
+    has = batch.baseline_valid * (gm.sum(-1) > 0)
+    n = jnp.maximum(has.sum(), 1.0)
+    g_mean = jnp.sum(batch.rewards * gm, -1) / jnp.maximum(gm.sum(-1), 1.0)
+    zero_std = masked_std(batch.rewards, gm, axis=-1) == 0
+    signal = has * zero_std * (jnp.abs(g_mean - batch.baseline) > 0)
+    return {
+        "pool/baseline_coverage": has.sum() / jnp.maximum((gm.sum(-1) > 0).sum(), 1.0),
+        "pool/baseline_mean": jnp.sum(batch.baseline * has) / n,
+        "pool/group_minus_baseline": jnp.sum((g_mean - batch.baseline) * has) / n,
+        # all-equal groups (no signal under the group baseline) that the pool baseline gives a signal
+        "pool/frac_zero_std_with_signal": signal.sum() / jnp.maximum((zero_std * has).sum(), 1.0),
+    }
 
 
 def _metrics(batch, obj, mask, adv, aux, logp, grad_norm, opt_state) -> dict[str, jax.Array]:
