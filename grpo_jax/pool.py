@@ -181,7 +181,7 @@ def make_member_sampler(
     pad_id: int,
     member_fn: Callable[[Any, Any], Any] | None = None,
 ):
-    """jit(vmap(sampler)) over selected pool slots:
+    """The jitted sampler of selected pool slots (grpo_jax.policies.sampling.sample_members, vmapped):
 
         fn(stacked, idx [m], shared, prompt [B, P], pmask, keys [m], temperatures [m], top_k, top_p)
             -> SampleOutput with a leading member axis [m, B, group, T]
@@ -190,26 +190,23 @@ def make_member_sampler(
     member's full parameters (e.g. lora.merge of the frozen base `shared` with the member's adapters);
     default: a member is the full parameter tree (`shared` unused)."""
 
-    def one(member, shared, prompt, pmask, key, temperature, top_k, top_p):
-        params = member if member_fn is None else member_fn(member, shared)
-        sp = sampling.SamplingParams(temperature, top_k, top_p)
-        return sampling.sample(
-            params,
+    def fn(stacked, idx, shared, prompt, pmask, keys, temperatures, top_k, top_p):
+        def full(member):
+            return member if member_fn is None else member_fn(member, shared)
+
+        return sampling.sample_members(
+            gather(stacked, idx),
+            full,
             model_cfg,
             prompt,
             pmask,
-            key,
-            sp,
+            keys,
+            sampling.SamplingParams(temperatures, top_k, top_p),
             group=group,
             max_new=max_new,
             eos_id=eos_id,
             pad_id=pad_id,
         )
-
-    vm = jax.vmap(one, in_axes=(0, None, None, None, 0, 0, None, None))
-
-    def fn(stacked, idx, shared, prompt, pmask, keys, temperatures, top_k, top_p):
-        return vm(gather(stacked, idx), shared, prompt, pmask, keys, temperatures, top_k, top_p)
 
     return jax.jit(fn)
 

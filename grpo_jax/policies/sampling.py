@@ -121,6 +121,72 @@ def sample(
     return SampleOutput(toks, lps, msk, lengths, ~finished)
 
 
+def sample_members(
+    members,
+    full_fn,
+    cfg: tfm.TransformerConfig,
+    prompt: jax.Array,
+    prompt_mask: jax.Array,
+    keys: jax.Array,
+    sp: SamplingParams,
+    *,
+    group: int,
+    max_new: int,
+    eos_id: int,
+    pad_id: int,
+) -> SampleOutput:
+    """`sample` for M policies at once (the policy pool): members is a stacked pytree [M, ...],
+    full_fn(member) gives a member's full parameters, keys [M], sp.temperature [M] (top_k / top_p shared).
+
+    The prefill, the decode step and the token choice are vmapped over members, but the decode while-loop is
+    OUTSIDE the vmap: a while_loop under vmap with a per-member stopping condition would select (copy) the
+    whole carry, KV caches included, every step. Same keys => the same tokens as `sample` per member.
+    Memory: the members' full parameters are materialised once per call (for LoRA members, M merged copies
+    of the base's projections: evaluating M distinct models needs their weights).
+    Returns a SampleOutput with a leading member axis [M, B, G, T]."""
+    b = prompt.shape[0]
+    m = keys.shape[0]
+
+    def pre(member):
+        return tfm.prefill(full_fn(member), cfg, prompt, prompt_mask, group, max_new)
+
+    cache, logits0 = jax.vmap(pre)(members)  # logits0 [M, B, V]
+    logits = jnp.broadcast_to(logits0[:, :, None, :], (m, b, group, logits0.shape[-1]))
+    zeros_i = jnp.full((m, b, group, max_new), pad_id, jnp.int32)
+    zeros_f = jnp.zeros((m, b, group, max_new), jnp.float32)
+    choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams(0, None, None)))
+
+    # per-member full parameters and their per-layer split, once, outside the loop (slicing the stacked
+    # layers inside the loop body would copy every member's weights every step)
+    full = jax.vmap(full_fn)(members)
+    layers = jax.vmap(tfm.split_layers)(full)
+
+    def decode(params, layers, cache, tok, t):
+        return tfm.decode_step(params, cfg, cache, tok, t, layers)
+
+    def cond(state):
+        t, _, _, finished, *_ = state
+        return (t < max_new) & ~jnp.all(finished)
+
+    def body(state):
+        t, cache, logits, finished, toks, lps, msk = state
+        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(keys)
+        tok, lp = choose(logits, step_keys, sp)
+        valid = ~finished
+        tok = jnp.where(valid, tok, pad_id)
+        toks = jax.lax.dynamic_update_slice(toks, tok[..., None], (0, 0, 0, t))
+        lps = jax.lax.dynamic_update_slice(lps, jnp.where(valid, lp, 0.0)[..., None], (0, 0, 0, t))
+        msk = jax.lax.dynamic_update_slice(msk, valid.astype(jnp.float32)[..., None], (0, 0, 0, t))
+        finished = finished | (tok == eos_id)
+        cache, logits = jax.vmap(decode, in_axes=(0, 0, 0, 0, None))(full, layers, cache, tok, t)
+        return t + 1, cache, logits, finished, toks, lps, msk
+
+    init = (jnp.int32(0), cache, logits, jnp.zeros((m, b, group), bool), zeros_i, zeros_f, zeros_f)
+    _, _, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
+    lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
+    return SampleOutput(toks, lps, msk, lengths, ~finished)
+
+
 @functools.lru_cache(maxsize=64)
 def make_sampler(cfg: tfm.TransformerConfig, *, group: int, max_new: int, eos_id: int, pad_id: int):
     """A jitted `sampler(params, prompt, prompt_mask, key, sp) -> SampleOutput` (compiled once per shape)."""
