@@ -273,10 +273,14 @@ def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
 
 
 def _head(cfg: TransformerConfig, params: Params, x: jax.Array):
-    """Final norm + LM head (float32 logits) + optional value head."""
+    """Final norm + LM head (float32 logits) + optional value head.
+
+    The head matmul takes compute-dtype inputs but accumulates and returns float32
+    (preferred_element_type): with bf16 compute, a bf16 result cast afterwards would round every logit
+    to 8 mantissa bits (|error| up to ~|logit|/256) before the float32 log-softmax."""
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
     w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    logits = (h @ w.astype(h.dtype)).astype(jnp.float32)
+    logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
     values = None
     if cfg.value_head:
         vh = params["value_head"]
