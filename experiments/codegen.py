@@ -123,6 +123,31 @@ F.DEFINE_list(
     ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "Projections that get adapters.",
 )
+# sparse-reward machinery (each off by default; experiments/flagfiles/ablate_*.flags)
+F.DEFINE_enum(
+    "curriculum",
+    "uniform",
+    ["uniform", "levels", "pass_rate", "levels+pass_rate"],
+    "Problem sampling: uniform, level unlocking by pass-rate thresholds, P(q) ~ max(1 - s(q), floor) "
+    "(Kimi k1.5), or both.",
+)
+F.DEFINE_float("curriculum_ema", 0.9, "EMA factor of the per-problem / per-level pass rates.")
+F.DEFINE_float("curriculum_floor", 0.05, "Floor of 1 - s(q) in the pass-rate sampling weights.")
+F.DEFINE_integer("curriculum_start_level", 0, "Highest unlocked level at the start (index into --rl_levels).")
+F.DEFINE_float("curriculum_promote", 0.6, "Unlock the next level when the top level's pass rate >= this.")
+F.DEFINE_float("curriculum_demote", 0.1, "Lock the top level again when its pass rate < this.")
+F.DEFINE_integer("curriculum_min_attempts", 32, "Samples on a level before it may be promoted/demoted.")
+F.DEFINE_bool("dynamic_sampling", False, "DAPO dynamic sampling: refill groups whose rewards are all equal.")
+F.DEFINE_integer("dynamic_max_rounds", 3, "Extra sampling rounds per step for dynamic sampling.")
+F.DEFINE_float(
+    "replay_fraction", 0.0, "Fraction of prompts whose G-th member is a replayed success (0 = off)."
+)
+F.DEFINE_integer("replay_capacity", 1024, "Prioritized replay buffer capacity.")
+F.DEFINE_float("replay_alpha", 1.0, "Replay priority exponent: (1 - s(q) + 0.01) ** alpha.")
+F.DEFINE_float("multiscale_w_tests", 0.0, "Weight of the per-test sub-goal advantage (0 = off).")
+F.DEFINE_enum("multiscale_mode", "mean_of_tests", ["mean_of_tests", "fraction"], "Per-test advantage form.")
+F.DEFINE_bool("async_rewards", False, "Grade step t+1 in the sandbox while the device trains on step t.")
+F.DEFINE_float("tis_cap", 0.0, "Truncated importance-sampling cap C for off-policy data (0 = off).")
 F.DEFINE_float("temperature", 1.0, "Sampling temperature for training rollouts.")
 F.DEFINE_integer("top_k", 0, "Top-k for training rollouts (0 = off).")
 F.DEFINE_float("top_p", 1.0, "Top-p for training rollouts (1 = off).")
@@ -164,6 +189,7 @@ PRESET_FLAGS = (
     "ref_update_every",
     "ref_ema_tau",
     "pool_capacity",
+    "dynamic_sampling",
 )
 
 
@@ -257,6 +283,12 @@ def check_flags() -> None:
     for name in ("baseline_std_floor", "lora_alpha", "pool_explore_temperature"):
         _check(FLAGS[name].value > 0, name, "must be > 0")
     _check(FLAGS.pool_explore_noise >= 0, "pool_explore_noise", "must be >= 0")
+    _check(0 <= FLAGS.replay_fraction < 1, "replay_fraction", "must be in [0, 1)")
+    _check(FLAGS.tis_cap >= 0, "tis_cap", "must be >= 0 (0 = off)")
+    _check(FLAGS.multiscale_w_tests >= 0, "multiscale_w_tests", "must be >= 0 (0 = off)")
+    _check(FLAGS.dynamic_max_rounds >= 0, "dynamic_max_rounds", "must be >= 0")
+    for name in ("replay_capacity", "curriculum_min_attempts"):
+        _check(FLAGS[name].value >= 1, name, "must be >= 1")
     pool_k_schedule()
     ks = _ints("eval_ks")
     _check(all(1 <= k <= FLAGS.eval_samples for k in ks), "eval_ks", "each k in [1, --eval_samples]")
@@ -274,6 +306,7 @@ def build_config():
     )
     from grpo_jax.core.losses import GRPOLossConfig
     from grpo_jax.core.presets import PRESET_NAMES, get_preset
+    from grpo_jax.curriculum import CurriculumConfig
     from grpo_jax.policies.transformer import TransformerConfig
     from grpo_jax.train.loop import CodegenConfig
 
@@ -300,6 +333,7 @@ def build_config():
             "controller": p.entropy_controller or "constant",
             "pool_capacity": p.pool_size,
             "baseline": "pool" if p.pool_size > 0 else "group",
+            "dynamic_sampling": p.dynamic_sampling,
         }
         if p.ref_reset_every is not None:
             from_preset.update(ref_update="hard", ref_update_every=p.ref_reset_every)
@@ -308,14 +342,7 @@ def build_config():
         for name, value in from_preset.items():
             if not FLAGS[name].present:
                 v[name] = value
-        missing = [
-            label
-            for label, on in (
-                ("dynamic sampling", p.dynamic_sampling),
-                ("overlong reward shaping", p.overlong is not None),
-            )
-            if on
-        ]
+        missing = [label for label, on in (("overlong reward shaping", p.overlong is not None),) if on]
         if missing:
             notes.append(f"preset {p.name}: not implemented yet, running without: {', '.join(missing)}")
         notes.append(f"preset {p.name}: {p.notes}")
@@ -333,6 +360,7 @@ def build_config():
             aggregation=v["aggregation"],
             importance_level=v["importance_level"],
             max_len=FLAGS.max_new_tokens if v["aggregation"] == "constant" else None,
+            tis_cap=FLAGS.tis_cap if FLAGS.tis_cap > 0 else None,
         )
         objective = ObjectiveConfig(
             adv_method=v["adv_method"],
@@ -350,7 +378,23 @@ def build_config():
             ref_update=v["ref_update"],
             ref_update_every=v["ref_update_every"],
             ref_ema_tau=v["ref_ema_tau"],
+            multiscale_w_tests=FLAGS.multiscale_w_tests,
+            multiscale_mode=FLAGS.multiscale_mode,
         )
+        cur_cfg = CurriculumConfig(
+            kind=FLAGS.curriculum,
+            ema=FLAGS.curriculum_ema,
+            floor=FLAGS.curriculum_floor,
+            start_level=FLAGS.curriculum_start_level,
+            promote=FLAGS.curriculum_promote,
+            demote=FLAGS.curriculum_demote,
+            min_attempts=FLAGS.curriculum_min_attempts,
+        )
+        if cur_cfg.start_level >= len(_ints("rl_levels")):
+            raise FlagError(
+                f"--curriculum_start_level={cur_cfg.start_level}: an index into --rl_levels "
+                f"(0..{len(_ints('rl_levels')) - 1})"
+            )
         pool_cfg = PoolConfig(
             capacity=v["pool_capacity"],
             k_schedule=pool_k_schedule(),
@@ -393,6 +437,13 @@ def build_config():
             ),
             pool=pool_cfg,
             lora=lora_cfg,
+            curriculum=cur_cfg,
+            dynamic_sampling=v["dynamic_sampling"],
+            dynamic_max_rounds=FLAGS.dynamic_max_rounds,
+            replay_fraction=FLAGS.replay_fraction,
+            replay_capacity=FLAGS.replay_capacity,
+            replay_alpha=FLAGS.replay_alpha,
+            async_rewards=FLAGS.async_rewards,
             seed=FLAGS.seed,
             sft_levels=_ints("sft_levels"),
             rl_levels=_ints("rl_levels"),

@@ -68,6 +68,9 @@ class ObjectiveConfig:
         `ref_update_every` steps; R1 resets every 400) or "ema" (π_ref ← π_ref + τ (π_θ − π_ref) every
         `ref_update_every` steps; the seed's "target network rate 0.005" is τ = 0.005 every step, TR-DPO /
         TRL sync_ref_model is τ = 0.6 every 512).
+    multiscale_w_tests: weight of the per-test sub-goal advantage added to the outcome advantage
+        (grpo_jax.core.multiscale; the seed's "multi-scale advantage"); 0 = off. multiscale_mode:
+        "mean_of_tests" (each test its own group advantage, averaged) or "fraction" (pass-fraction advantage).
     """
 
     adv_method: str = "grpo"
@@ -86,8 +89,14 @@ class ObjectiveConfig:
     ref_update: str = "frozen"
     ref_update_every: int = 1
     ref_ema_tau: float = 0.005
+    multiscale_w_tests: float = 0.0
+    multiscale_mode: str = "mean_of_tests"
 
     def __post_init__(self):
+        if not self.multiscale_w_tests >= 0:
+            _fail(self, "multiscale_w_tests", "must be >= 0 (0 = outcome advantage only)")
+        if self.multiscale_mode not in ("mean_of_tests", "fraction"):
+            _fail(self, "multiscale_mode", "valid: mean_of_tests, fraction")
         if self.baseline not in BASELINES:
             _fail(self, "baseline", f"valid: {', '.join(BASELINES)}")
         if self.baseline != "group" and self.adv_method != "grpo":

@@ -130,6 +130,38 @@ def test_pool_lora_ema_run_and_extension_resume(tmp_path):
     assert b["grpo_eval_step"] == 8 and a["grpo"] == {**b["grpo"], "seconds": a["grpo"]["seconds"]}
 
 
+SPARSE = (
+    "--curriculum=pass_rate",
+    "--dynamic_sampling",
+    "--dynamic_max_rounds=1",
+    "--replay_fraction=0.25",
+    "--multiscale_w_tests=0.5",
+    "--async_rewards",
+    "--tis_cap=2",
+    "--steps=8",
+)
+
+
+def test_sparse_mechanisms_async_run_and_extension_resume(tmp_path):
+    """Curriculum, dynamic sampling, replay, multi-scale advantages and async rewards together; the pending
+    (already graded) rollout travels in the checkpoint, so a 4-step run extended to 8 steps ends
+    bit-identical to an uninterrupted 8-step run."""
+    full = _run(TINY, f"--workdir={tmp_path / 'full'}", *SPARSE)
+    assert full.returncode == 0, full.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    train = {x["step"]: x for x in lines if "reward" in x}
+    assert sorted(train) == list(range(1, 9))
+    for key in ("dynamic/kept_groups", "replay/size", "curriculum/level0_pass_rate", "time/async_wait_s"):
+        assert key in train[8], key
+    half = _run(TINY, f"--workdir={tmp_path / 'ext'}", *SPARSE[:-1], "--steps=4")
+    assert half.returncode == 0, half.stderr[-3000:]
+    ext = _run(TINY, f"--workdir={tmp_path / 'ext'}", *SPARSE)
+    assert ext.returncode == 0 and "resumed from" in ext.stdout, ext.stderr[-3000:]
+    a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("full", "ext"))
+    assert a["final_params_sha256"] == b["final_params_sha256"]
+    assert a["grpo"] == {**b["grpo"], "seconds": a["grpo"]["seconds"]}
+
+
 @pytest.mark.parametrize(
     "args, needle",
     [
@@ -142,6 +174,8 @@ def test_pool_lora_ema_run_and_extension_resume(tmp_path):
         (["--baseline=pool"], "needs a policy pool"),
         (["--pool_capacity=4", "--pool_k_schedule=0:8"], "k_schedule"),
         (["--ref_update=ema", "--kl_coef=0"], "ref_update"),
+        (["--async_rewards"], "tis_cap"),
+        (["--replay_fraction=1.5"], "--replay_fraction"),
     ],
 )
 def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):

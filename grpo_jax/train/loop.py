@@ -23,6 +23,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -31,9 +32,9 @@ import numpy as np
 
 from grpo_jax import pool
 from grpo_jax.codegen import pipeline, tasks
-from grpo_jax.codegen.rewards import failure_counts
 from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import LoRAConfig, ObjectiveConfig, OptimConfig, PoolConfig, RolloutConfig
+from grpo_jax.curriculum import CurriculumConfig
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
@@ -41,8 +42,9 @@ from grpo_jax.train import sft
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
 from grpo_jax.train.pool_host import PoolRuntime
+from grpo_jax.train.rollout import Rollout, RolloutView, RolloutWorker, empty_batch
 from grpo_jax.train.state import TrainState, init_state, make_optimizer, rng_streams
-from grpo_jax.train.step import advantages, batch_from_samples, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import advantages, make_train_step, transformer_logits_fn
 
 
 # fields that may change between a run and its resumption (they do not change the trajectory's meaning)
@@ -70,6 +72,14 @@ class CodegenConfig:
     rollout: RolloutConfig = RolloutConfig(group_size=8, max_new_tokens=24)
     pool: PoolConfig = PoolConfig()
     lora: LoRAConfig = LoRAConfig()
+    # sparse-reward machinery (grpo_jax.train.rollout); every mechanism off by default
+    curriculum: CurriculumConfig = CurriculumConfig()
+    dynamic_sampling: bool = False  # DAPO: refill groups with all-equal rewards
+    dynamic_max_rounds: int = 3  # extra sampling rounds at most per step
+    replay_fraction: float = 0.0  # fraction of the B prompts whose G-th member is a replayed success
+    replay_capacity: int = 1024
+    replay_alpha: float = 1.0  # priority (1 - s(q) + eps) ** alpha
+    async_rewards: bool = False  # grade step t+1 in the sandbox while the device trains on step t
     seed: int = 0
     # task suite
     sft_levels: tuple[int, ...] = (0, 1)
@@ -126,6 +136,18 @@ class CodegenConfig:
             bad("sandbox_wall_s", "sandbox_wall_s and sandbox_deadline_s must be > 0")
         if self.model.vocab_size != CodeTokenizer().vocab_size:
             bad("model", f"vocab_size must be the tokenizer's ({CodeTokenizer().vocab_size})")
+        if not 0 <= self.replay_fraction < 1:
+            bad("replay_fraction", "must be in [0, 1)")
+        if self.replay_fraction > 0 and self.replay_capacity < self.prompts_per_step:
+            bad("replay_capacity", f"must be >= prompts_per_step={self.prompts_per_step}")
+        if self.dynamic_max_rounds < 0:
+            bad("dynamic_max_rounds", "must be >= 0")
+        if (self.replay_fraction > 0 or self.async_rewards) and self.objective.loss.tis_cap is None:
+            bad(
+                "objective",
+                "replayed and asynchronous rollouts are off-policy: set the truncated importance-sampling "
+                "cap (--tis_cap, e.g. 2.0)",
+            )
         if self.objective.baseline != "group" and not self.pool.enabled:
             bad("objective", f"baseline={self.objective.baseline!r} needs a policy pool (pool capacity > 0)")
 
@@ -154,15 +176,21 @@ def make_param_fn(cfg: LoRAConfig):
     return fn
 
 
-def fresh_state(cfg: CodegenConfig, params: Any, optimizer) -> TrainState:
+def fresh_state(cfg: CodegenConfig, params: Any, optimizer, worker: RolloutWorker) -> TrainState:
     """The GRPO TrainState that starts from `params` (the SFT policy): LoRA adapters (B = 0) over the frozen
-    base when cfg.lora is on, and an empty pool shaped like the trainable parameters when cfg.pool is on."""
+    base when cfg.lora is on, an empty pool shaped like the trainable parameters when cfg.pool is on, the
+    curriculum and replay states, and (async rollouts) a placeholder for the pending rollout batch."""
     frozen = None
     if cfg.lora.enabled:
         key = jax.random.fold_in(rng_streams(cfg.seed)["init"], 1)
         frozen, params = params, lora.init(params, key, rank=cfg.lora.rank, targets=cfg.lora.targets)
     p = pool.init(params, cfg.pool.capacity) if cfg.pool.enabled else None
-    return init_state(params, cfg.objective, optimizer, seed=cfg.seed, frozen=frozen, pool=p)
+    state = init_state(params, cfg.objective, optimizer, seed=cfg.seed, frozen=frozen, pool=p)
+    pending = None
+    if cfg.async_rewards:
+        shape = (cfg.prompts_per_step, cfg.rollout.group_size, cfg.prompt_len, cfg.rollout.max_new_tokens)
+        pending = empty_batch(*shape, worker.num_tests)
+    return state.replace(curriculum=worker.init_curriculum(), replay=worker.init_replay(), pending=pending)
 
 
 def policy_params(state: TrainState, param_fn) -> Any:
@@ -230,8 +258,23 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
         )
     state = None
     param_fn = make_param_fn(cfg.lora)
+    pool_rt = None
+    if cfg.pool.enabled:
+        pool_rt = PoolRuntime(
+            cfg.pool,
+            cfg.rollout,
+            cfg.model,
+            tok,
+            uses_baseline=cfg.objective.baseline != "group",
+            member_fn=param_fn,
+            deadline_s=cfg.sandbox_deadline_s,
+        )
+    worker = RolloutWorker(cfg, tok, executor, train_rl, pool_rt)
+    host: dict[str, Any] = {}
     if latest is not None:
-        template = fresh_state(cfg, tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed)), optimizer)
+        template = fresh_state(
+            cfg, tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed)), optimizer, worker
+        )
         try:
             state, host = ckpt.restore(template, latest)
         except CheckpointMismatchError as e:
@@ -285,13 +328,17 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
         results["sft_seconds"] = time.perf_counter() - t
         if sft_hist:
             results["sft_final_loss"] = sft_hist[-1]["loss"]
-        state = fresh_state(cfg, params, optimizer)
+        state = fresh_state(cfg, params, optimizer, worker)
         if cfg.lora.enabled:
             n_ad, n_all = lora.num_params(state.params), lora.num_params(state.frozen)
             print_fn(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
         results["sft"] = evaluate(policy_params(state, param_fn), state.key("eval"), "after SFT")
         logger.scalars(0, {_eval_tag(k): v for k, v in results["sft"].items()})
-        ckpt.save(0, state, _host(cfg, results, pass_table), force=True)
+        if cfg.async_rewards:  # the first rollout, so that every checkpoint holds the pending one
+            first = worker.produce(_view(state, param_fn, pool_rt, copy=False), 0)
+            state = _apply(state, first, pass_table).replace(pending=first.batch)
+            host = {"pending": _pending_host(first)}
+        ckpt.save(0, state, _host(cfg, results, pass_table, host.get("pending")), force=True)
 
     # ---- GRPO
     train_step = make_train_step(
@@ -301,108 +348,90 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
         temperature=cfg.rollout.temperature,
         param_fn=param_fn,
     )
-    pool_rt = None
-    if cfg.pool.enabled:
-        pool_rt = PoolRuntime(
-            cfg.pool,
-            cfg.rollout,
-            cfg.model,
-            tok,
-            uses_baseline=cfg.objective.baseline != "group",
-            member_fn=param_fn,
-            deadline_s=cfg.sandbox_deadline_s,
-        )
-    sampler = samp.sampler(cfg.rollout.group_size)
-    G, B = cfg.rollout.group_size, cfg.prompts_per_step
     progress = Progress(cfg.steps, start_step=int(state.step), print_fn=print_fn)
     stop = SignalFlag.install()
     keys = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
+    threads = ThreadPoolExecutor(max_workers=1) if cfg.async_rewards else None
+    step_times: list[float] = []
+    current: Rollout | None = None
+    if cfg.async_rewards and int(state.step) < cfg.steps:  # the pending rollout restored with the state
+        ph = host.get("pending") or {}
+        current = Rollout(
+            state.pending, state.curriculum, state.replay, ph.get("metrics", {}), ph.get("samples", []), []
+        )
     try:
         while int(state.step) < cfg.steps:
             step = int(state.step)
             t0 = time.perf_counter()
-            idx = np.asarray(jax.random.choice(state.key("data"), len(train_rl), (B,), replace=False))
-            probs = [train_rl[i] for i in idx]
-            prompt, pmask = pipeline.encode_prompts(tok, probs, cfg.prompt_len)
-            out = sampler(
-                policy_params(state, param_fn),
-                jnp.asarray(prompt),
-                jnp.asarray(pmask),
-                state.key("sample"),
-                samp.sp_train,
-            )
-            tokens, cmask = np.asarray(out.tokens), np.asarray(out.mask)
-            t1 = time.perf_counter()
-            texts = pipeline.decode_completions(tok, tokens, cmask)
-            verdicts, rewards = pipeline.score_completions(executor, probs, texts, G, cfg.sandbox_deadline_s)
-            pool_b, pool_valid, pool_m = (None, None, {})
-            if pool_rt is not None:
-                pool_b, pool_valid, pool_m = pool_rt.baseline(state, executor, probs, prompt, pmask, step)
+            if current is None:  # synchronous: this step's rollout from the current policy
+                current = worker.produce(_view(state, param_fn, pool_rt, copy=False), step)
+                state = _apply(state, current, pass_table)
+            future = None
+            if threads is not None:  # grade step+1 while the device trains on this step (one step off-policy)
+                future = threads.submit(worker.produce, _view(state, param_fn, pool_rt, copy=True), step + 1)
             t2 = time.perf_counter()
-            batch = batch_from_samples(
-                prompt, pmask, out, rewards, baseline=pool_b, baseline_valid=pool_valid
+            batch = current.batch
+            rollout_states = (state.pool, state.curriculum, state.replay)
+            core, metrics = train_step(
+                state.replace(pool=None, curriculum=None, replay=None, pending=None), batch
             )
-            state, metrics = train_step(state, batch)
             m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            m.update(pool_m)
+            state = core.replace(
+                pool=rollout_states[0], curriculum=rollout_states[1], replay=rollout_states[2]
+            )
+            t_train = time.perf_counter() - t2
+            m.update(current.metrics)
             if pool_rt is not None:
                 log_now = (step + 1) % cfg.log_every == 0
                 state, pm = pool_rt.after_step(state, step + 1, with_diversity=log_now)
                 m.update(pm)
+            nxt = None
+            if future is not None:
+                nxt = future.result()
+                state = _apply(state, nxt, pass_table).replace(pending=nxt.batch)
             t3 = time.perf_counter()
-            n_tok = float(cmask.sum())
-            m.update(
-                {
-                    "time/sample_s": t1 - t0,
-                    "time/reward_s": t2 - t1,
-                    "time/train_s": t3 - t2,
-                    "time/step_s": t3 - t0,
-                    "throughput/sample_tokens_per_s": n_tok / max(t1 - t0, 1e-9),
-                    "sandbox/programs_per_s": len(texts) / max(t2 - t1, 1e-9),  # result-cache hits included
-                    "sandbox/cache_hits": float(sum(v.cached for v in verdicts)),
-                }
-            )
-            m.update({f"sandbox/{k}": float(v) for k, v in failure_counts(verdicts).items()})
-            pass_table.update([p.task_id for p in probs for _ in range(G)], [v.passed for v in verdicts])
+            step_times.append(t3 - t0)
+            m.update({"time/train_s": t_train, "time/step_s": t3 - t0})
+            if threads is not None:
+                m["time/async_wait_s"] = t3 - t2 - t_train
             logger.scalars(step + 1, m)
             if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
                 adv = advantages(batch, cfg.objective)
-                logger.histograms(step + 1, {"advantages": np.asarray(adv), "rewards": rewards})
+                logger.histograms(
+                    step + 1, {"advantages": np.asarray(adv), "rewards": np.asarray(batch.rewards)}
+                )
                 print_fn(progress.line(step + 1, m, keys))
             if cfg.sample_log_every and (step + 1) % cfg.sample_log_every == 0:
-                logger.samples(
-                    step + 1,
-                    [
-                        {
-                            "task_id": probs[i // G].task_id,
-                            "completion": texts[i],
-                            "status": verdicts[i].status.value,
-                            "reward": float(rewards.reshape(-1)[i]),
-                        }
-                        for i in range(0, len(texts), G)
-                    ],
-                )
+                logger.samples(step + 1, current.samples)
+            current = nxt
+            pending_host = _pending_host(nxt) if nxt is not None else None
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
                 res = evaluate(policy_params(state, param_fn), state.key("eval"), f"step {step + 1}")
                 logger.scalars(step + 1, {_eval_tag(k): v for k, v in res.items()})
                 results.setdefault("evals", {})[str(step + 1)] = res
             done = step + 1 == cfg.steps
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and not done:
-                ckpt.save(step + 1, state, _host(cfg, results, pass_table), force=True)
+                ckpt.save(step + 1, state, _host(cfg, results, pass_table, pending_host), force=True)
+            if done:
+                host["pending"] = pending_host
             if stop.is_set():
-                ckpt.save(step + 1, state, _host(cfg, results, pass_table), force=True)
+                ckpt.save(step + 1, state, _host(cfg, results, pass_table, pending_host), force=True)
                 print_fn(f"signal received: checkpoint saved at step {step + 1}; exiting")
                 results["interrupted_at"] = step + 1
                 return results
     finally:
         stop.uninstall()
+        if threads is not None:
+            threads.shutdown(wait=True)
+    if step_times:
+        results["median_step_s_this_process"] = float(np.median(step_times))
 
     # ---- final evaluation and results
     if results.get("grpo_eval_step") != int(state.step):  # not yet evaluated at this step (or run extended)
         results["grpo"] = evaluate(policy_params(state, param_fn), state.key("eval"), "after GRPO")
         results["grpo_eval_step"] = int(state.step)
         logger.scalars(int(state.step), {_eval_tag(k): v for k, v in results["grpo"].items()})
-    ckpt.save(int(state.step), state, _host(cfg, results, pass_table), force=True)
+    ckpt.save(int(state.step), state, _host(cfg, results, pass_table, host.get("pending")), force=True)
     ckpt.close()
     logger.table(int(state.step), "pass_rates", pass_table.rows())
     results["train_problems"] = pass_table.summary()
@@ -423,8 +452,40 @@ def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] 
     return results
 
 
-def _host(cfg: CodegenConfig, results: dict, table: PassRateTable) -> dict:
-    return {"config": cfg.to_json(), "results": results, "pass_table": table.state_dict()}
+def _host(cfg: CodegenConfig, results: dict, table: PassRateTable, pending: dict | None = None) -> dict:
+    out = {"config": cfg.to_json(), "results": results, "pass_table": table.state_dict()}
+    if pending is not None:
+        out["pending"] = pending
+    return out
+
+
+def _pending_host(r: Rollout) -> dict:
+    """The host-side part of a pending (already graded) rollout, checkpointed beside state.pending."""
+    return {"metrics": r.metrics, "samples": r.samples}
+
+
+def _view(state: TrainState, param_fn, pool_rt, *, copy: bool) -> RolloutView:
+    """What a rollout reads. copy=True (async: the train step donates the state while the rollout runs)
+    copies the sampling parameters, the frozen base and the PRNG streams."""
+    params, frozen, rng = policy_params(state, param_fn), state.frozen, state.rng
+    if copy:
+        params, frozen, rng = (jax.tree.map(jnp.copy, x) for x in (params, frozen, rng))
+    uses_pool = pool_rt is not None and pool_rt.uses_baseline
+    return RolloutView(
+        params=params,
+        rng=rng,
+        curriculum=state.curriculum,
+        replay=state.replay,
+        pool=state.pool if uses_pool else None,
+        frozen=frozen,
+    )
+
+
+def _apply(state: TrainState, r: Rollout, table: PassRateTable) -> TrainState:
+    """Fold a graded rollout's host and rollout-side state updates in (pass table, curriculum, replay)."""
+    if r.passes:
+        table.update([t for t, _ in r.passes], [p for _, p in r.passes])
+    return state.replace(curriculum=r.curriculum, replay=r.replay)
 
 
 def _check_resumable(cfg: CodegenConfig, saved: dict) -> None:

@@ -60,7 +60,7 @@ class PoolRuntime:
         self._select = jax.jit(pool.select_members, static_argnums=3)
         noise = pcfg.explore_noise if pcfg.explore_mode == "param_noise" else 0.0
         push = functools.partial(pool.push, explore_fraction=pcfg.explore_fraction, noise=noise)
-        self._push = jax.jit(push, donate_argnums=0)
+        self._push = jax.jit(push)  # not donated: an async rollout may still read the previous pool
         self._diversity = jax.jit(pool.diversity)
         self._temps = jax.jit(
             functools.partial(
@@ -73,26 +73,30 @@ class PoolRuntime:
 
     def baseline(
         self,
-        state,
+        pool_state,
+        frozen,
+        sample_key: jax.Array,
         executor: Executor,
         problems: Sequence[Problem],
         prompt: np.ndarray,
         pmask: np.ndarray,
         step: int,
     ) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, float]]:
-        """(b_pool [B], valid [B] float, metrics) for this step's prompts; (None, None, {}) when unused."""
-        if not self.uses_baseline or int(state.pool.pushes) == 0:
+        """(b_pool [B], valid [B] float, metrics) for this step's prompts; (None, None, {}) when unused.
+
+        sample_key: the step's "sample" key (the policy samples with it; the pool folds in 1)."""
+        if not self.uses_baseline or int(pool_state.pushes) == 0:
             return None, None, {}
         t0 = time.perf_counter()
-        key = jax.random.fold_in(state.key("sample"), 1)  # the policy samples with state.key("sample")
+        key = jax.random.fold_in(sample_key, 1)
         k = self.pc.k_at(step)
-        idx, mmask = self._select(state.pool, jnp.int32(k), jax.random.fold_in(key, 0), self.m)
-        temps = self._temps(state.pool, idx)
+        idx, mmask = self._select(pool_state, jnp.int32(k), jax.random.fold_in(key, 0), self.m)
+        temps = self._temps(pool_state, idx)
         keys = jax.random.split(jax.random.fold_in(key, 1), self.m)
         out = self.sampler(
-            state.pool.params,
+            pool_state.params,
             idx,
-            state.frozen,
+            frozen,
             jnp.asarray(prompt),
             jnp.asarray(pmask),
             keys,
@@ -110,7 +114,7 @@ class PoolRuntime:
             _, r = pipeline.score_completions(executor, list(problems) * act.size, texts, g, self.deadline_s)
             rewards[act] = r.reshape(act.size, b, g)
         base, has = pool.returns_baseline(jnp.asarray(rewards), mmask)
-        explore = np.asarray(state.pool.explore)[np.asarray(idx)] & mm
+        explore = np.asarray(pool_state.explore)[np.asarray(idx)] & mm
         per_member = np.nanmean(rewards[act], axis=(1, 2)) if act.size else np.zeros(0)
         metrics = {
             "pool/members_evaluated": float(act.size),

@@ -31,6 +31,9 @@ class TrainState:
     rng: dict[str, jax.Array]  # named PRNG streams (raw uint32 key data, checkpointable)
     frozen: Any = None  # frozen base parameters when `params` are LoRA adapters (None: params are the model)
     pool: Any = None  # grpo_jax.pool.PoolState of past policies (None: no pool)
+    curriculum: Any = None  # grpo_jax.curriculum.CurriculumState (code-generation loop)
+    replay: Any = None  # grpo_jax.replay.ReplayState of successful completions (None: no replay)
+    pending: Any = None  # the next step's GRPOBatch, already graded (async rollouts only)
 
     def key(self, stream: str) -> jax.Array:
         """The key of `stream` for the current step."""

@@ -28,6 +28,7 @@ from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import compute_advantages, pool_baseline_advantages
 from grpo_jax.core.losses import grpo_loss
 from grpo_jax.core.metrics import masked_mean, masked_std
+from grpo_jax.core.multiscale import multi_scale_advantages
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import TrainState, make_controllers
 
@@ -46,15 +47,26 @@ class GRPOBatch:
     truncated: jax.Array  # [B, G] bool: no EOS within T
     baseline: jax.Array  # [B] float32: external per-prompt baseline (the policy pool's mean return)
     baseline_valid: jax.Array  # [B] float32: 1 where `baseline` holds returns (else the group mean is used)
+    test_rewards: jax.Array  # [B, G, M] float32: 1 where test m of the sample passed (multi-scale advantages)
+    test_mask: jax.Array  # [B, M] float32: 1 for the problem's real tests
 
 
 def batch_from_samples(
-    prompt, prompt_mask, out, rewards, group_mask=None, baseline=None, baseline_valid=None
+    prompt,
+    prompt_mask,
+    out,
+    rewards,
+    group_mask=None,
+    baseline=None,
+    baseline_valid=None,
+    test_rewards=None,
+    test_mask=None,
 ) -> GRPOBatch:
     """The GRPOBatch of one rollout: prompts [B, P], a sampling.SampleOutput [B, G, T], rewards [B, G];
-    optionally the pool baseline [B] and its validity [B] (objective baseline "pool" / "mix")."""
+    optionally the pool baseline [B] and its validity [B] (objective baseline "pool" / "mix"), and per-test
+    results [B, G, M] with the test mask [B, M] (multi-scale advantages; default M = 1, all zero)."""
     rewards = jnp.asarray(rewards, jnp.float32)
-    b = rewards.shape[0]
+    b, g = rewards.shape
     return GRPOBatch(
         prompt=jnp.asarray(prompt),
         prompt_mask=jnp.asarray(prompt_mask),
@@ -70,6 +82,14 @@ def batch_from_samples(
             if baseline_valid is None
             else jnp.asarray(baseline_valid, jnp.float32)
         ),
+        test_rewards=(
+            jnp.zeros((b, g, 1), jnp.float32)
+            if test_rewards is None
+            else jnp.asarray(test_rewards, jnp.float32)
+        ),
+        test_mask=jnp.zeros((b, 1), jnp.float32)
+        if test_mask is None
+        else jnp.asarray(test_mask, jnp.float32),
     )
 
 
@@ -154,6 +174,7 @@ def make_train_step(
                 kl_coef=kl_coef,
                 entropy_coef=ent_coef,
                 entropy=ent,
+                logp_behaviour=batch.logp_sampler if obj.loss.tis_cap is not None else None,
             )
             return loss, (aux, logp, kl_coef, ent_coef)
 
@@ -213,7 +234,27 @@ def make_train_step(
 
 
 def advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
-    """[B, G] sequence advantages of a batch under the objective's estimator and baseline."""
+    """[B, G] sequence advantages of a batch under the objective's estimator and baseline, plus
+    multiscale_w_tests x the per-test sub-goal advantage when that is on."""
+    adv = outcome_advantages(batch, obj)
+    if obj.multiscale_w_tests > 0:
+        sub = multi_scale_advantages(
+            batch.rewards,
+            batch.test_rewards,
+            batch.test_mask,
+            w_tests=obj.multiscale_w_tests,
+            method=obj.adv_method,
+            ddof=obj.adv_ddof,
+            eps=obj.adv_eps,
+            mask=batch.group_mask,
+            per_test_mode=obj.multiscale_mode,
+        )
+        adv = adv + obj.multiscale_w_tests * sub.tests
+    return adv
+
+
+def outcome_advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+    """[B, G] advantages of the all-pass outcome reward (group or pool/mix baseline)."""
     if obj.baseline == "group":
         return compute_advantages(
             batch.rewards, method=obj.adv_method, ddof=obj.adv_ddof, eps=obj.adv_eps, mask=batch.group_mask
