@@ -27,6 +27,9 @@ F.DEFINE_string(
 )
 F.DEFINE_integer("seed", 0, "Seed of the task suite, the model init and every PRNG stream.")
 F.DEFINE_bool("resume", True, "Resume from the workdir's latest checkpoint if there is one.")
+F.DEFINE_bool(
+    "dry_run", False, "Check the flags, print the resolved configuration as JSON and exit (nothing written)."
+)
 # task suite
 F.DEFINE_list("sft_levels", ["0", "1"], "Task levels used for the SFT warm start.")
 F.DEFINE_list("rl_levels", ["0", "1"], "Task levels GRPO trains on.")
@@ -487,6 +490,17 @@ def main(argv):
         check_flags()
     except FlagError as e:
         fail(str(e))
+    if FLAGS.dry_run:
+        try:
+            cfg, notes = build_config()
+        except FlagError as e:
+            fail(str(e))
+        import json
+
+        for n in notes:
+            print(n, file=sys.stderr)
+        print(json.dumps(cfg.to_json(), indent=1))
+        return
     from grpo_jax.sandbox.executor import Executor
     from grpo_jax.sandbox.types import Limits
 

@@ -187,6 +187,28 @@ def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):
     assert not wd.exists()
 
 
+def test_every_flagfile_resolves_to_a_valid_config(tmp_path):
+    """--dry_run on every shipped flagfile: flags parse, the preset resolves, every config validates."""
+    files = sorted((ROOT / "experiments" / "flagfiles").glob("*.flags"))
+    procs = {
+        f.name: subprocess.Popen(
+            _cmd(f"--flagfile={f}", f"--workdir={tmp_path / f.stem}", "--dry_run"),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for f in files
+    }
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, (name, err[-2000:])
+        cfg = json.loads(out)
+        assert cfg["rollout"]["group_size"] >= 2, name
+    assert len(procs) >= 15
+    assert not any((tmp_path / f.stem).exists() for f in files)  # a dry run writes nothing
+
+
 def test_garbled_flagfile(tmp_path):
     bad = tmp_path / "bad.flags"
     bad.write_bytes(b"--steps=3\n--\xff\xfe=\n")

@@ -178,8 +178,8 @@ _PRESETS = (
         "max_completion_length 512; KL bias correction on as in TRL 1.16 (inert while β=0).",
     ),
     # The seed's advantage is a z-score of (r − pool baseline); the baseline cancels under a z-score (T1b), so
-    # its formula computes exactly "grpo". Use adv_method="scaled_baseline" with a pool to make the pool
-    # matter.
+    # its formula computes exactly "grpo". experiments.codegen realises pool_size > 0 as
+    # ObjectiveConfig(baseline="pool"): the scale-only form, in which the pool matters.
     ObjectivePreset(
         name="seed",
         adv_method="grpo",
