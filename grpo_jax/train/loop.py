@@ -4,15 +4,17 @@ checkpoints. Host loop only — no math here (that is grpo_jax.core and grpo_jax
     executor = Executor(...)                       # started before JAX is used
     results = run(cfg, executor)                   # cfg: CodegenConfig
 
-One GRPO step: choose B training problems (jax.random with the "data" stream of the step) -> encode prompts ->
-sample G completions each (KV-cache sampler, "sample" stream) -> decode -> sandbox -> all-pass rewards ->
-`train_step` -> log. Evaluation (held-out pass@1 greedy, pass@k sampled) runs after SFT, every `eval_every`
-steps and at the end, with the "eval" stream, so it never changes the training trajectory.
+One GRPO step: the rollout (grpo_jax.train.rollout: choose B problems with the step's "data" key -> sample G
+completions each with the "sample" key -> sandbox -> rewards; optionally curriculum, replay, dynamic sampling,
+the pool baseline) -> `train_step` (rollout-side state stripped off) -> pool push -> log. With async rewards the
+rollout of step t+1 runs in a worker thread while step t trains. Evaluation (held-out pass@1 greedy, pass@k
+sampled) runs after SFT, every `eval_every` steps and at the end, with the "eval" stream, so it never changes
+the training trajectory.
 
 Resume: the workdir's latest checkpoint holds the whole TrainState (params, optimizer, controllers, reference,
-PRNG streams, step) plus host state (results so far, per-problem pass table, config); every per-step random
-choice is a function of (state, step), so a run killed at any point and restarted ends bit-identical to an
-uninterrupted run (tests/test_codegen_e2e.py).
+PRNG streams, step, pool, curriculum, replay, the pending async rollout) plus host state (results so far,
+per-problem pass table, config); every per-step random choice is a function of (streams, step), so a run
+killed at any point and restarted ends bit-identical to an uninterrupted run (tests/test_codegen_e2e.py).
 """
 
 from __future__ import annotations
