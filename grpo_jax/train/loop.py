@@ -6,10 +6,10 @@ checkpoints. Host loop only — no math here (that is grpo_jax.core and grpo_jax
 
 One GRPO step: the rollout (grpo_jax.train.rollout: choose B problems with the step's "data" key -> sample G
 completions each with the "sample" key -> sandbox -> rewards; optionally curriculum, replay, dynamic sampling,
-the pool baseline) -> `train_step` (rollout-side state stripped off) -> pool push -> log. With async rewards the
-rollout of step t+1 runs in a worker thread while step t trains. Evaluation (held-out pass@1 greedy, pass@k
-sampled) runs after SFT, every `eval_every` steps and at the end, with the "eval" stream, so it never changes
-the training trajectory.
+the pool baseline) -> `train_step` (rollout-side state stripped off) -> pool push -> log. With async rewards
+the rollout of step t+1 runs in a worker thread while step t trains. Evaluation (held-out pass@1 greedy,
+pass@k sampled) runs after SFT, every `eval_every` steps and at the end, with the "eval" stream, so it never
+changes the training trajectory.
 
 Resume: the workdir's latest checkpoint holds the whole TrainState (params, optimizer, controllers, reference,
 PRNG streams, step, pool, curriculum, replay, the pending async rollout) plus host state (results so far,
