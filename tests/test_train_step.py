@@ -165,3 +165,16 @@ def test_objective_validation_messages():
     with pytest.raises(ValueError, match="learning_rate"):
         OptimConfig(learning_rate=0.0)
     assert dataclasses.replace(ObjectiveConfig(), kl_coef=0.0).uses_reference is False
+
+
+def test_tis_weights_are_logged_and_capped():
+    from grpo_jax.core.losses import GRPOLossConfig
+
+    obj = ObjectiveConfig(kl_coef=0.0, loss=GRPOLossConfig(tis_cap=2.0))
+    state, step = _setup(obj=obj)
+    batch = _batch(state.params)
+    # behaviour log-probs 1 nat below the policy's: raw weight e ≈ 2.718 > C = 2 on every token
+    batch = batch.replace(logp_sampler=batch.logp_sampler - 1.0)
+    _, m = step(state, batch)
+    np.testing.assert_allclose(m["tis/weight_mean"], 2.0, rtol=1e-5)
+    np.testing.assert_allclose(m["tis/capped_frac"], 1.0)

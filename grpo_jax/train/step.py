@@ -215,6 +215,10 @@ def make_train_step(
         )
         if obj.baseline != "group":
             metrics.update(_baseline_metrics(batch))
+        if obj.loss.tis_cap is not None:  # off-policy diagnostics: the truncated IS weights of this batch
+            w_raw = jnp.exp(jnp.where(mask > 0, logp_first - batch.logp_sampler, 0.0))
+            metrics["tis/weight_mean"] = masked_mean(jnp.minimum(w_raw, obj.loss.tis_cap), mask)
+            metrics["tis/capped_frac"] = masked_mean((w_raw > obj.loss.tis_cap).astype(jnp.float32), mask)
         new_state = state.replace(
             step=state.step + 1,
             params=params,
