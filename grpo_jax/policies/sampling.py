@@ -78,6 +78,40 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     return tok, lp
 
 
+def _decode_loop(
+    cache, logits, choose_fn, decode_fn, *, max_new: int, eos_id: int, pad_id: int
+) -> SampleOutput:
+    """The token loop shared by `sample` and `sample_members`: a `lax.while_loop` that stops once every
+    sample has emitted EOS (or after max_new tokens). logits [..., V] are the next-token logits of every
+    sample (leading shape `lead`); choose_fn(logits, t) -> (tokens, logp) [lead]; decode_fn(cache, tokens, t)
+    -> (cache, logits)."""
+    lead = logits.shape[:-1]
+    at = (0,) * len(lead)
+    zeros_i = jnp.full((*lead, max_new), pad_id, jnp.int32)
+    zeros_f = jnp.zeros((*lead, max_new), jnp.float32)
+
+    def cond(state):
+        t, _, _, finished, *_ = state
+        return (t < max_new) & ~jnp.all(finished)
+
+    def body(state):
+        t, cache, logits, finished, toks, lps, msk = state
+        tok, lp = choose_fn(logits, t)
+        valid = ~finished
+        tok = jnp.where(valid, tok, pad_id)
+        toks = jax.lax.dynamic_update_slice(toks, tok[..., None], (*at, t))
+        lps = jax.lax.dynamic_update_slice(lps, jnp.where(valid, lp, 0.0)[..., None], (*at, t))
+        msk = jax.lax.dynamic_update_slice(msk, valid.astype(jnp.float32)[..., None], (*at, t))
+        finished = finished | (tok == eos_id)
+        cache, logits = decode_fn(cache, tok, t)
+        return t + 1, cache, logits, finished, toks, lps, msk
+
+    init = (jnp.int32(0), cache, logits, jnp.zeros(lead, bool), zeros_i, zeros_f, zeros_f)
+    _, _, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
+    lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
+    return SampleOutput(toks, lps, msk, lengths, ~finished)
+
+
 def sample(
     params,
     cfg: tfm.TransformerConfig,
@@ -96,29 +130,15 @@ def sample(
     cache, logits0 = tfm.prefill(params, cfg, prompt, prompt_mask, group, max_new)
     layers = tfm.split_layers(params)  # once, outside the loop
     logits = jnp.broadcast_to(logits0[:, None, :], (b, group, logits0.shape[-1]))
-    zeros_i = jnp.full((b, group, max_new), pad_id, jnp.int32)
-    zeros_f = jnp.zeros((b, group, max_new), jnp.float32)
-
-    def cond(state):
-        t, _, _, finished, *_ = state
-        return (t < max_new) & ~jnp.all(finished)
-
-    def body(state):
-        t, cache, logits, finished, toks, lps, msk = state
-        tok, lp = choose_tokens(logits, jax.random.fold_in(key, t), sp)
-        valid = ~finished
-        tok = jnp.where(valid, tok, pad_id)
-        toks = jax.lax.dynamic_update_slice(toks, tok[..., None], (0, 0, t))
-        lps = jax.lax.dynamic_update_slice(lps, jnp.where(valid, lp, 0.0)[..., None], (0, 0, t))
-        msk = jax.lax.dynamic_update_slice(msk, valid.astype(jnp.float32)[..., None], (0, 0, t))
-        finished = finished | (tok == eos_id)
-        cache, logits = tfm.decode_step(params, cfg, cache, tok, t, layers)
-        return t + 1, cache, logits, finished, toks, lps, msk
-
-    init = (jnp.int32(0), cache, logits, jnp.zeros((b, group), bool), zeros_i, zeros_f, zeros_f)
-    _, _, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
-    lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
-    return SampleOutput(toks, lps, msk, lengths, ~finished)
+    return _decode_loop(
+        cache,
+        logits,
+        lambda lg, t: choose_tokens(lg, jax.random.fold_in(key, t), sp),
+        lambda c, tok, t: tfm.decode_step(params, cfg, c, tok, t, layers),
+        max_new=max_new,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
 
 
 def sample_members(
@@ -152,10 +172,7 @@ def sample_members(
 
     cache, logits0 = jax.vmap(pre)(members)  # logits0 [M, B, V]
     logits = jnp.broadcast_to(logits0[:, :, None, :], (m, b, group, logits0.shape[-1]))
-    zeros_i = jnp.full((m, b, group, max_new), pad_id, jnp.int32)
-    zeros_f = jnp.zeros((m, b, group, max_new), jnp.float32)
     choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams(0, None, None)))
-
     # per-member full parameters and their per-layer split, once, outside the loop (slicing the stacked
     # layers inside the loop body would copy every member's weights every step)
     full = jax.vmap(full_fn)(members)
@@ -164,27 +181,15 @@ def sample_members(
     def decode(params, layers, cache, tok, t):
         return tfm.decode_step(params, cfg, cache, tok, t, layers)
 
-    def cond(state):
-        t, _, _, finished, *_ = state
-        return (t < max_new) & ~jnp.all(finished)
-
-    def body(state):
-        t, cache, logits, finished, toks, lps, msk = state
-        step_keys = jax.vmap(lambda k: jax.random.fold_in(k, t))(keys)
-        tok, lp = choose(logits, step_keys, sp)
-        valid = ~finished
-        tok = jnp.where(valid, tok, pad_id)
-        toks = jax.lax.dynamic_update_slice(toks, tok[..., None], (0, 0, 0, t))
-        lps = jax.lax.dynamic_update_slice(lps, jnp.where(valid, lp, 0.0)[..., None], (0, 0, 0, t))
-        msk = jax.lax.dynamic_update_slice(msk, valid.astype(jnp.float32)[..., None], (0, 0, 0, t))
-        finished = finished | (tok == eos_id)
-        cache, logits = jax.vmap(decode, in_axes=(0, 0, 0, 0, None))(full, layers, cache, tok, t)
-        return t + 1, cache, logits, finished, toks, lps, msk
-
-    init = (jnp.int32(0), cache, logits, jnp.zeros((m, b, group), bool), zeros_i, zeros_f, zeros_f)
-    _, _, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
-    lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
-    return SampleOutput(toks, lps, msk, lengths, ~finished)
+    return _decode_loop(
+        cache,
+        logits,
+        lambda lg, t: choose(lg, jax.vmap(lambda k: jax.random.fold_in(k, t))(keys), sp),
+        lambda c, tok, t: jax.vmap(decode, in_axes=(0, 0, 0, 0, None))(full, layers, c, tok, t),
+        max_new=max_new,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
 
 
 @functools.lru_cache(maxsize=64)

@@ -71,8 +71,9 @@ def _key(rng: dict, stream: str, step: int) -> jax.Array:
     return jax.random.fold_in(rng[stream], step)
 
 
-def replay_template(prompt_len: int, max_new: int, num_tests: int) -> dict:
-    del prompt_len, num_tests
+def replay_template(max_new: int) -> dict:
+    """One replay item: the problem id (its prompt is re-encoded from it), the stored completion with its
+    mask, behaviour log-probs and truncation flag. The reward is re-graded when the item is replayed."""
     return {
         "problem": jnp.zeros((), jnp.int32),
         "tokens": jnp.zeros((max_new,), jnp.int32),
@@ -80,6 +81,11 @@ def replay_template(prompt_len: int, max_new: int, num_tests: int) -> dict:
         "logp": jnp.zeros((max_new,), jnp.float32),
         "truncated": jnp.zeros((), bool),
     }
+
+
+def kept(graded: dict) -> np.ndarray:
+    """[B] bool: groups whose rewards are not all equal (the ones with a GRPO signal; DAPO's filter)."""
+    return np.ptp(graded["rewards"], axis=1) > 0
 
 
 class RolloutWorker:
@@ -115,8 +121,7 @@ class RolloutWorker:
     def init_replay(self):
         if self.n_replay == 0:
             return None
-        tmpl = replay_template(self.cfg.prompt_len, self.cfg.rollout.max_new_tokens, self.num_tests)
-        return replay.init(tmpl, self.cfg.replay_capacity)
+        return replay.init(replay_template(self.cfg.rollout.max_new_tokens), self.cfg.replay_capacity)
 
     # ---- one rollout
     def _choose(self, view: RolloutView, key: jax.Array, n: int) -> np.ndarray:
@@ -178,7 +183,6 @@ class RolloutWorker:
         rounds = [self._sample_and_grade(view, idx, sample_key, replayed)]
         # 4. dynamic sampling: refill all-equal groups
         if cfg.dynamic_sampling:
-            kept = lambda r: np.ptp(r["rewards"], axis=1) > 0  # noqa: E731
             m["dynamic/frac_zero_std_first_round"] = float(1.0 - kept(rounds[0]).mean())
             for r in range(1, cfg.dynamic_max_rounds + 1):
                 if sum(int(kept(x).sum()) for x in rounds) >= B:
@@ -199,10 +203,8 @@ class RolloutWorker:
         def pick(name):
             return np.stack([rounds[ri][name][b] for ri, b in rows])
 
-        sel = {
-            k: pick(k) for k in ("tokens", "mask", "logp", "truncated", "prompt", "pmask", "rewards", "tests")
-        }
-        sel["test_mask"] = pick("test_mask")
+        fields = ("tokens", "mask", "logp", "truncated", "prompt", "pmask", "rewards", "tests", "test_mask")
+        sel = {k: pick(k) for k in fields}
         sel_idx = np.array([rounds[ri]["idx"][b] for ri, b in rows])
         sel_probs = [self.problems[i] for i in sel_idx]
         # 5. pool baseline for the final prompts

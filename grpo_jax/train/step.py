@@ -281,14 +281,13 @@ def update_reference(ref: Any, params: Any, new_step: jax.Array, obj: ObjectiveC
     if ref is None or obj.ref_update == "frozen":
         return ref, jnp.float32(0.0)
     due = (new_step % obj.ref_update_every) == 0
-    tau = 1.0 if obj.ref_update == "hard" else obj.ref_ema_tau
 
     def upd(r, p):
         if obj.ref_update == "hard":
             new = p.astype(r.dtype)
         else:
             r32 = r.astype(jnp.float32)
-            new = (r32 + tau * (p.astype(jnp.float32) - r32)).astype(r.dtype)
+            new = (r32 + obj.ref_ema_tau * (p.astype(jnp.float32) - r32)).astype(r.dtype)
         return jnp.where(due, new, r)
 
     return jax.tree.map(upd, ref, params), due.astype(jnp.float32)
