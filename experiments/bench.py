@@ -67,7 +67,8 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     from grpo_jax.policies import sampling
     from grpo_jax.policies import transformer as tfm
     from grpo_jax.train.state import init_state, make_optimizer
-    from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
+    from grpo_jax.train.step import make_train_step, transformer_logits_fn
+    from grpo_jax.types import batch_from_samples
 
     cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
     obj = ObjectiveConfig(kl_coef=0.04)
@@ -88,7 +89,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
         t1 = time.perf_counter()
         rewards = (out.tokens[..., 0] % 2).astype(jnp.float32)  # any non-constant reward
         batch = batch_from_samples(prompt, pmask, out, rewards)
-        state, metrics = train_step(state, batch)
+        state, metrics, _ = train_step(state, batch)
         jax.block_until_ready(metrics)
         t2 = time.perf_counter()
         ref_t = time.perf_counter()

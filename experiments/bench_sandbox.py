@@ -14,9 +14,8 @@ import time
 
 from absl import app, flags
 
-from grpo_jax.codegen.problem import TestCase
 from grpo_jax.sandbox.executor import Executor
-from grpo_jax.sandbox.types import Job, Limits
+from grpo_jax.sandbox.types import Job, Limits, TestCase
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("n", 400, "programs per throughput figure")

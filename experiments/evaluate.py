@@ -21,7 +21,9 @@ import time
 from absl import app, flags
 
 from grpo_jax.codegen import datasets
-from grpo_jax.sandbox.executor import Executor, jobs_for
+from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.codegen.passk import pass_at_k
+from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
 
 FLAGS = flags.FLAGS
@@ -90,12 +92,6 @@ def load_samples(path: str, by_id: dict) -> list[tuple[str, str]]:
     return out
 
 
-def _pass_at_k(n: int, c: int, k: int) -> float:
-    from grpo_jax.core.metrics import pass_at_k  # numpy-based; imported after the executor has started
-
-    return pass_at_k(n, c, k)
-
-
 def summarize(results: list[dict], ks: list[int]) -> dict:
     per_task: dict[str, list[bool]] = collections.defaultdict(list)
     for r in results:
@@ -103,7 +99,7 @@ def summarize(results: list[dict], ks: list[int]) -> dict:
     summary = {"problems": len(per_task), "samples": len(results)}
     for k in ks:
         if all(len(v) >= k for v in per_task.values()):
-            vals = [_pass_at_k(len(v), sum(v), k) for v in per_task.values()]
+            vals = [pass_at_k(len(v), sum(v), k) for v in per_task.values()]
             summary[f"pass@{k}"] = sum(vals) / len(vals)
     summary["statuses"] = dict(collections.Counter(r["result"] for r in results))
     return summary

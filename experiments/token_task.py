@@ -1,4 +1,4 @@
-"""Quickstart until the code-generation experiment lands: GRPO on the synthetic counting task.
+"""GRPO alone on the synthetic counting task (no sandbox, no SFT): the device side of GRPO learning.
 
     python -m experiments.token_task                 # ~1 minute on a 2-core CPU; prints reward going up
     python -m experiments.token_task --steps=300 --kl_coef=0.0 --entropy_coef=0.01
@@ -24,7 +24,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from grpo_jax.config import ObjectiveConfig, OptimConfig, RolloutConfig
-    from grpo_jax.envs import token_task as tt
+    from grpo_jax.train import token_loop as tt
 
     if FLAGS.learning_rate <= 0:
         raise app.UsageError("--learning_rate must be > 0")

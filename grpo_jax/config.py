@@ -1,260 +1,434 @@
-"""Frozen, validated configuration dataclasses for the GRPO trainer.
+"""The ONE configuration of a run: a tree of frozen, validated dataclasses (ARCHITECTURE.md §3 rule 9).
 
-Everything here is hashable, so a config can be a static argument of `jax.jit`; numbers that change during
-training (KL / entropy coefficients, learning rate) live in the TrainState as arrays instead. Each dataclass
-validates itself in `__post_init__` and raises one ValueError naming the field and the valid values.
+    RunConfig
+      model       ModelConfig        the transformer's shape (the vocabulary comes from the tokenizer)
+      tasks       TaskConfig         which levels of the procedural suite train / evaluate, prompt length
+      sft         SFTConfig          the supervised warm start
+      objective   ObjectiveConfig    advantages, baseline, KL, entropy, reference updates, reward shaping
+        loss        GRPOLossConfig   (grpo_jax.core.losses) clipping, KL estimator/anchor, aggregation, TIS
+        controller  ControllerConfig adaptive entropy / KL coefficient
+      optim       OptimConfig        AdamW
+      rollout     RolloutConfig      B, G, sampling, dynamic sampling, async rewards
+      pool        PoolConfig         the seed's pool of past policies
+      lora        LoRAConfig         adapters-only training
+      replay      ReplayConfig       prioritized replay of successes
+      curriculum  CurriculumConfig   problem sampling by level / pass rate
+      eval        EvalConfig         held-out pass@k
+      sandbox     SandboxConfig      the code executor's workers and limits
+      checkpoint  CheckpointConfig   orbax checkpoints
+      log         LogConfig          console / TensorBoard / JSONL cadence
+      mesh        MeshConfig         room for a device mesh (not wired into the main job yet)
+
+Every field is checked once, in the `__post_init__` of the class that owns it (cross-section rules in
+`RunConfig.__post_init__`), and a bad value raises grpo_jax.errors.ConfigError naming the field, the value and
+what is valid. The command line is DERIVED from this tree (grpo_jax.cli): each leaf field is one flag, named
+`FLAG_PREFIX + field` unless its metadata names the flag, with the field's `help` metadata as its help text;
+so a flag's default, type, meaning and check are written once, here. Everything in the tree is hashable (a
+static jit argument); numbers that change during training (coefficients, the schedule position) are arrays
+in the TrainState.
+
+Derived quantities are computed in one place, `RunConfig._derive` (the loss's max_len = max_new_tokens).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import typing
+from typing import Any, ClassVar
 
-from grpo_jax.core.controllers import CONTROLLER_KINDS
+from grpo_jax.codegen.tasks import LEVELS
+from grpo_jax.core.advantages import GROUP_ADV_METHODS
+from grpo_jax.core.controllers import CONTROLLER_KINDS, KL_CONTROLLERS
 from grpo_jax.core.losses import GRPOLossConfig
+from grpo_jax.errors import fail
+from grpo_jax.policies.lora import TARGETS as LORA_TARGETS
 
-ADV_METHODS = ("grpo", "dr_grpo", "rloo", "batch_std")
 BASELINES = ("group", "pool", "mix")
 REF_UPDATES = ("frozen", "hard", "ema")
 EXPLORE_MODES = ("temperature", "param_noise")
-ENTROPY_CONTROLLERS = ("seed_entropy", "skywork_entropy")
-KL_CONTROLLERS = ("ppo_adaptive_kl", "ziegler_kl")
+MULTISCALE_MODES = ("mean_of_tests", "fraction")
+CURRICULUM_KINDS = ("uniform", "levels", "pass_rate", "levels+pass_rate")
+DTYPES = ("float32", "bfloat16", "float16")
+# multiplicative controllers: a coefficient that starts at 0 stays 0
+_MULTIPLICATIVE = ("seed_entropy", "ppo_adaptive_kl", "ziegler_kl")
+# which optional controller parameters each kind takes (grpo_jax.core.controllers factories)
+CONTROLLER_PARAMS = {
+    "constant": (),
+    "seed_entropy": ("target", "low", "high", "up", "down", "min_coef", "max_coef"),
+    "skywork_entropy": ("target", "delta", "min_coef", "max_coef"),
+    "ppo_adaptive_kl": ("target",),
+    "ziegler_kl": ("target", "horizon"),
+}
 
 
-def _fail(obj, field, why):
-    raise ValueError(f"{type(obj).__name__}.{field}={getattr(obj, field)!r}: {why}")
+def opt(default: Any, help: str, *, flag: str | None = None, choices: tuple | None = None) -> Any:
+    """A config field with its command-line help (and flag name when it is not FLAG_PREFIX + name)."""
+    meta: dict[str, Any] = {"help": help}
+    if flag is not None:
+        meta["flag"] = flag
+    if choices is not None:
+        meta["choices"] = choices
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _positive(obj, names, strict=True):
+    for n in names:
+        v = getattr(obj, n)
+        if (strict and not v > 0) or (not strict and not v >= 0):
+            fail(obj, n, "must be > 0" if strict else "must be >= 0")
+
+
+def _choice(obj, name, valid):
+    if getattr(obj, name) not in valid:
+        fail(obj, name, f"valid: {', '.join(valid)}")
+
+
+def _schedule_ok(obj, name, what):
+    sched = getattr(obj, name)
+    steps = [s for s, _ in sched]
+    if sched and (steps[0] != 0 or steps != sorted(set(steps))):
+        fail(obj, name, f"steps must start at 0 and increase strictly, e.g. {what}")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# sections
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The transformer policy trained from scratch (Qwen2/Llama style; grpo_jax.policies.transformer)."""
+
+    FLAG_PREFIX: ClassVar[str] = ""
+    d_model: int = opt(128, "Model width.")
+    n_layers: int = opt(2, "Transformer layers.")
+    n_heads: int = opt(4, "Query heads.")
+    n_kv_heads: int = opt(2, "Key/value heads (grouped-query attention).")
+    d_ff: int = opt(512, "MLP width.")
+    qkv_bias: bool = opt(True, "Bias on the q/k/v projections (Qwen2).")
+    tie_embeddings: bool = opt(True, "Tie the LM head to the embedding.")
+    compute_dtype: str = opt(
+        "float32",
+        "Compute dtype: float32, bfloat16 or float16 (master weights, logits, "
+        "log-softmax, ratios and KL stay float32).",
+        choices=DTYPES,
+    )
+
+    def __post_init__(self):
+        _positive(self, ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"))
+        if self.d_model % self.n_heads:
+            fail(self, "n_heads", f"must divide d_model={self.d_model}")
+        if self.n_heads % self.n_kv_heads:
+            fail(self, "n_kv_heads", f"must divide n_heads={self.n_heads}")
+        if (self.d_model // self.n_heads) % 2:
+            fail(self, "n_heads", f"d_model / n_heads = {self.d_model // self.n_heads} must be even (RoPE)")
+        _choice(self, "compute_dtype", DTYPES)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The procedural function-synthesis suite (grpo_jax.codegen.tasks): levels and sizes."""
+
+    FLAG_PREFIX: ClassVar[str] = ""
+    sft_levels: tuple[int, ...] = opt((0, 1), "Task levels of the SFT warm start.")
+    rl_levels: tuple[int, ...] = opt((0, 1), "Task levels GRPO trains on.")
+    eval_levels: tuple[int, ...] = opt((0, 1), "Held-out task levels evaluated.")
+    train_per_level: int = opt(300, "Training problems per level.")
+    heldout_per_level: int = opt(40, "Held-out problems per level.")
+    prompt_len: int = opt(64, "Prompt length in tokens (left-padded).")
+
+    def __post_init__(self):
+        for f in ("sft_levels", "rl_levels", "eval_levels"):
+            levels = getattr(self, f)
+            if not levels or any(lv not in LEVELS for lv in levels) or len(set(levels)) != len(levels):
+                fail(self, f, f"must be distinct levels from {', '.join(map(str, LEVELS))}")
+        _positive(self, ("train_per_level", "heldout_per_level", "prompt_len"))
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised warm start on the reference solutions (grpo_jax.train.sft)."""
+
+    FLAG_PREFIX: ClassVar[str] = "sft_"
+    steps: int = opt(300, "SFT minibatch steps (0 = no warm start).")
+    batch: int = opt(32, "SFT batch size.")
+    lr: float = opt(3e-3, "SFT learning rate (AdamW).")
+    warmup_steps: int = opt(20, "SFT linear learning-rate warm-up steps (at most --sft_steps).")
+
+    def __post_init__(self):
+        _positive(self, ("steps", "warmup_steps"), strict=False)
+        _positive(self, ("batch", "lr"))
 
 
 @dataclasses.dataclass(frozen=True)
 class ControllerConfig:
     """An adaptive coefficient controller (grpo_jax.core.controllers) and the coefficient it drives.
 
-    kind: constant | seed_entropy | skywork_entropy | ppo_adaptive_kl | ziegler_kl. Entropy controllers
-    measure the policy entropy, KL controllers the KL estimate. acts_on: "entropy_coef" (default; the
-    coherent choice, GRPO_MATH §3 row 11) or "kl_coef" (the seed document's literal reading, experimental).
-    kwargs: extra factory arguments as a tuple of (name, value) pairs (hashable), e.g. (("target", 2.0),).
+    The parameters left at None take the controller's own defaults; giving one the kind does not take is an
+    error (CONTROLLER_PARAMS lists which kind takes which).
     """
 
-    kind: str = "constant"
-    acts_on: str = "entropy_coef"
-    kwargs: tuple[tuple[str, float], ...] = ()
+    FLAG_PREFIX: ClassVar[str] = "controller_"
+    kind: str = opt(
+        "constant",
+        "Adaptive coefficient controller: constant, seed_entropy (the seed's x1.2/x0.8 "
+        "rule), skywork_entropy (Skywork-OR1), ppo_adaptive_kl (PPO), ziegler_kl (Ziegler et al.).",
+        flag="controller",
+        choices=CONTROLLER_KINDS,
+    )
+    acts_on: str = opt(
+        "auto",
+        "The coefficient it drives: auto (entropy controllers -> entropy_coef, KL "
+        "controllers -> kl_coef), entropy_coef, or kl_coef (the seed's literal reading).",
+        choices=("auto", "entropy_coef", "kl_coef"),
+    )
+    target: float | None = opt(
+        None,
+        "Target of the measured entropy / KL (none = the controller's default: "
+        "seed 2.0, skywork 0.2, ppo 0.01, ziegler 6.0).",
+    )
+    horizon: int | None = opt(None, "ziegler_kl horizon (none = 10000): β ← β(1 + e·n/horizon).")
+    delta: float | None = opt(None, "skywork_entropy step Δ of the coefficient (none = 0.005).")
+    min_coef: float | None = opt(None, "Lower bound of the coefficient (seed_entropy, skywork_entropy).")
+    max_coef: float | None = opt(None, "Upper bound of the coefficient (seed_entropy, skywork_entropy).")
+    low: float | None = opt(None, "seed_entropy: raise when H < low·target (none = 0.8).")
+    high: float | None = opt(None, "seed_entropy: lower when H > high·target (none = 1.2).")
+    up: float | None = opt(None, "seed_entropy: raise factor (none = 1.2).")
+    down: float | None = opt(None, "seed_entropy: lower factor (none = 0.8).")
 
     def __post_init__(self):
-        if self.kind not in CONTROLLER_KINDS:
-            _fail(self, "kind", f"valid: {', '.join(CONTROLLER_KINDS)}")
-        if self.acts_on not in ("entropy_coef", "kl_coef"):
-            _fail(self, "acts_on", "valid: entropy_coef, kl_coef")
+        _choice(self, "kind", CONTROLLER_KINDS)
+        _choice(self, "acts_on", ("auto", "entropy_coef", "kl_coef"))
+        for name in ("target", "horizon", "delta", "min_coef", "max_coef", "low", "high", "up", "down"):
+            if getattr(self, name) is not None and name not in CONTROLLER_PARAMS[self.kind]:
+                takes = [p for p, ks in CONTROLLER_PARAMS.items() if name in ks]
+                fail(self, name, f"not a parameter of controller {self.kind!r} (taken by {', '.join(takes)})")
+        for name in ("target", "horizon", "delta", "up", "down", "low", "high"):
+            if getattr(self, name) is not None and not getattr(self, name) > 0:
+                fail(self, name, "must be > 0")
+        if self.kind == "constant" and self.acts_on != "auto":
+            fail(self, "acts_on", "a constant controller drives nothing: leave it at auto")
 
     @property
     def measures(self) -> str:
         return "kl" if self.kind in KL_CONTROLLERS else "entropy"
 
+    @property
+    def drives(self) -> str | None:
+        """The coefficient the controller moves: "kl_coef", "entropy_coef", or None (constant)."""
+        if self.kind == "constant":
+            return None
+        if self.acts_on != "auto":
+            return self.acts_on
+        return "kl_coef" if self.kind in KL_CONTROLLERS else "entropy_coef"
+
+    def params(self) -> dict[str, float]:
+        """Factory keyword arguments: the parameters that were given."""
+        return {n: getattr(self, n) for n in CONTROLLER_PARAMS[self.kind] if getattr(self, n) is not None}
+
 
 @dataclasses.dataclass(frozen=True)
 class ObjectiveConfig:
-    """The GRPO objective: advantages, loss and coefficients (see grpo_jax.core.presets for named presets).
+    """The GRPO objective: advantages, baseline, coefficients, reference updates, reward shaping.
 
-    kl_coef: β of the KL to the reference policy (initial value if a controller drives it); 0 disables the
-    reference model entirely (TRL's default). entropy_coef: weight of the entropy bonus.
-    mask_truncated: drop completions that hit max_new_tokens without EOS from the loss (DAPO overlong filter).
-    num_iterations: μ, optimiser steps per rollout batch (μ > 1 makes π_θ differ from π_old after the first).
-    success_threshold: a sample counts as a success (Performance/SuccessRate) when reward >= this.
-
-    baseline: "group" (canonical GRPO: the group mean, z-scored), "pool" (the seed's past-policy pool: the
-        pool's mean reward on the same prompt, in the scale-only form of GRPO_MATH §3 row 4 / T1b,
-        A = (r − b_pool) / (std_G(r) + eps), with `baseline_std_floor` as the scale of all-equal groups) or
-        "mix" (b = baseline_mix · b_pool + (1 − baseline_mix) · mean_G(r), same scale). Prompts on which the
-        pool has no returns fall back to the group mean. Pool/mix need adv_method="grpo".
-    ref_update: how π_ref moves (GRPO_MATH §3 row 9): "frozen" (default), "hard" (π_ref ← π_θ every
-        `ref_update_every` steps; R1 resets every 400) or "ema" (π_ref ← π_ref + τ (π_θ − π_ref) every
-        `ref_update_every` steps; the seed's "target network rate 0.005" is τ = 0.005 every step, TR-DPO /
-        TRL sync_ref_model is τ = 0.6 every 512).
-    multiscale_w_tests: weight of the per-test sub-goal advantage added to the outcome advantage
-        (grpo_jax.core.multiscale; the seed's "multi-scale advantage"); 0 = off. multiscale_mode:
-        "mean_of_tests" (each test its own group advantage, averaged) or "fraction" (pass-fraction advantage).
+    The defaults are canonical GRPO (DeepSeekMath: z-score advantages, k3 KL to a frozen π_ref with β = 0.04,
+    clip 0.2, seq-mean-token-mean); published recipes are named in grpo_jax.presets.
     """
 
-    adv_method: str = "grpo"
-    adv_ddof: int = 1
-    adv_eps: float = 1e-4
+    FLAG_PREFIX: ClassVar[str] = ""
+    adv_method: str = opt(
+        "grpo",
+        "Advantage estimator: grpo (z-score), dr_grpo (mean only), rloo, batch_std.",
+        choices=GROUP_ADV_METHODS,
+    )
+    adv_ddof: int = opt(1, "ddof of the group std (TRL: 1).")
+    adv_eps: float = opt(1e-4, "eps added to the group std (TRL: 1e-4).")
+    baseline: str = opt(
+        "group",
+        "Advantage baseline: group (canonical GRPO), pool (the past-policy pool's mean "
+        "reward on the same prompt, scale-only form) or mix (a weighted sum of both).",
+        choices=BASELINES,
+    )
+    baseline_mix: float = opt(0.5, "Weight of the pool baseline in --baseline=mix, in [0, 1].")
+    baseline_std_floor: float = opt(1.0, "Advantage scale of all-equal groups under a pool baseline.")
     loss: GRPOLossConfig = GRPOLossConfig()
-    kl_coef: float = 0.04
-    entropy_coef: float = 0.0
+    kl_coef: float = opt(
+        0.04,
+        "KL coefficient β of the KL to the reference (the SFT policy); 0 removes the "
+        "reference model. With --kl_schedule: β of step 0.",
+    )
+    kl_schedule: tuple[tuple[int, float], ...] = opt(
+        (),
+        "Piecewise-constant β by GRPO step, 'step:beta,...' "
+        "from step 0 (the seed: 0:0.03,100:0.01,500:0.005).",
+    )
+    entropy_coef: float = opt(0.0, "Entropy bonus coefficient (initial value if a controller drives it).")
     controller: ControllerConfig = ControllerConfig()
-    mask_truncated: bool = False
-    num_iterations: int = 1
-    success_threshold: float = 1.0
-    baseline: str = "group"
-    baseline_mix: float = 0.5
-    baseline_std_floor: float = 1.0
-    ref_update: str = "frozen"
-    ref_update_every: int = 1
-    ref_ema_tau: float = 0.005
-    multiscale_w_tests: float = 0.0
-    multiscale_mode: str = "mean_of_tests"
+    mask_truncated: bool = opt(False, "Drop completions without EOS from the loss (DAPO overlong filter).")
+    overlong_cache_len: int = opt(
+        0,
+        "DAPO soft overlong punishment: completions longer than max_new_tokens - "
+        "this many tokens get a linear penalty down to -1 (0 = off).",
+    )
+    num_iterations: int = opt(1, "Optimiser steps per rollout batch (μ); μ > 1 moves π_θ off π_old.")
+    success_threshold: float = opt(
+        1.0, "A sample counts as a success (Performance/SuccessRate) at reward >= this."
+    )
+    ref_update: str = opt(
+        "frozen",
+        "Reference policy updates: frozen, hard (π_ref ← π_θ every N steps, R1) or "
+        "ema (π_ref ← π_ref + τ(π_θ − π_ref)); needs a KL to the reference.",
+        choices=REF_UPDATES,
+    )
+    ref_update_every: int = opt(1, "Reference update period in GRPO steps (hard reset or EMA step).")
+    ref_ema_tau: float = opt(0.005, "EMA rate τ of --ref_update=ema (the seed: 0.005).")
+    multiscale_w_tests: float = opt(0.0, "Weight of the per-test sub-goal advantage (0 = off).")
+    multiscale_mode: str = opt(
+        "mean_of_tests", "Per-test advantage form: mean_of_tests or fraction.", choices=MULTISCALE_MODES
+    )
 
     def __post_init__(self):
-        if not self.multiscale_w_tests >= 0:
-            _fail(self, "multiscale_w_tests", "must be >= 0 (0 = outcome advantage only)")
-        if self.multiscale_mode not in ("mean_of_tests", "fraction"):
-            _fail(self, "multiscale_mode", "valid: mean_of_tests, fraction")
-        if self.baseline not in BASELINES:
-            _fail(self, "baseline", f"valid: {', '.join(BASELINES)}")
-        if self.baseline != "group" and self.adv_method != "grpo":
-            _fail(self, "baseline", "a pool baseline uses the group-std scale: it needs adv_method='grpo'")
-        if not 0 <= self.baseline_mix <= 1:
-            _fail(self, "baseline_mix", "must be in [0, 1]")
-        if not self.baseline_std_floor > 0:
-            _fail(self, "baseline_std_floor", "must be > 0")
-        if self.ref_update not in REF_UPDATES:
-            _fail(self, "ref_update", f"valid: {', '.join(REF_UPDATES)}")
-        if not (isinstance(self.ref_update_every, int) and self.ref_update_every >= 1):
-            _fail(self, "ref_update_every", "must be an integer >= 1")
-        if not 0 < self.ref_ema_tau <= 1:
-            _fail(self, "ref_ema_tau", "must be in (0, 1]")
-        if self.ref_update != "frozen" and not self.uses_reference:
-            _fail(self, "ref_update", "moving the reference needs a KL to it (kl_coef > 0, kl_anchor='ref')")
-        if self.adv_method not in ADV_METHODS:
-            _fail(self, "adv_method", f"valid: {', '.join(ADV_METHODS)}")
+        _choice(self, "adv_method", GROUP_ADV_METHODS)
         if self.adv_ddof not in (0, 1):
-            _fail(self, "adv_ddof", "valid: 0 or 1")
-        if not self.adv_eps >= 0:
-            _fail(self, "adv_eps", "must be >= 0")
-        if not self.kl_coef >= 0:
-            _fail(self, "kl_coef", "must be >= 0")
-        if not self.entropy_coef >= 0:
-            _fail(self, "entropy_coef", "must be >= 0")
-        if not (isinstance(self.num_iterations, int) and self.num_iterations >= 1):
-            _fail(self, "num_iterations", "must be an integer >= 1")
+            fail(self, "adv_ddof", "valid: 0 or 1")
+        _positive(
+            self,
+            ("adv_eps", "kl_coef", "entropy_coef", "multiscale_w_tests", "overlong_cache_len"),
+            strict=False,
+        )
+        _choice(self, "baseline", BASELINES)
+        if self.baseline != "group" and self.adv_method != "grpo":
+            fail(self, "baseline", "a pool baseline uses the group-std scale: it needs adv_method=grpo")
+        if not 0 <= self.baseline_mix <= 1:
+            fail(self, "baseline_mix", "must be in [0, 1]")
+        _positive(self, ("baseline_std_floor",))
+        _choice(self, "ref_update", REF_UPDATES)
+        _choice(self, "multiscale_mode", MULTISCALE_MODES)
+        if self.ref_update_every < 1:
+            fail(self, "ref_update_every", "must be an integer >= 1")
+        if not 0 < self.ref_ema_tau <= 1:
+            fail(self, "ref_ema_tau", "must be in (0, 1]")
+        if self.num_iterations < 1:
+            fail(self, "num_iterations", "must be an integer >= 1")
+        _schedule_ok(self, "kl_schedule", "0:0.03,100:0.01,500:0.005")
+        if any(v < 0 for _, v in self.kl_schedule):
+            fail(self, "kl_schedule", "every β must be >= 0")
+        if self.kl_schedule and self.kl_schedule[0][1] != self.kl_coef:
+            fail(self, "kl_schedule", f"its step-0 value must equal kl_coef={self.kl_coef} (β of step 0)")
+        if self.kl_schedule and self.controller.drives == "kl_coef":
+            fail(
+                self, "kl_schedule", f"cannot be combined with controller {self.controller.kind!r} on kl_coef"
+            )
+        c = self.controller
+        if c.kind in _MULTIPLICATIVE and c.drives is not None and getattr(self, c.drives) == 0:
+            fail(self, c.drives, f"controller {c.kind!r} scales its coefficient: it needs a start value > 0")
+        if self.loss.kl_anchor == "old" and self.num_iterations == 1:
+            fail(
+                self,
+                "loss.kl_anchor",
+                "with num_iterations=1 (μ = 1) π_old = sg(π_θ), so the KL to π_old is 0 "
+                "in value (and, for k2/k3, in gradient; k1 leaves only a mean-zero score term): use "
+                "kl_anchor=ref, or num_iterations > 1",
+            )
+        if self.ref_update != "frozen" and not self.uses_reference:
+            fail(self, "ref_update", "moving the reference needs a KL to it (kl_coef > 0, kl_anchor=ref)")
 
     @property
     def uses_reference(self) -> bool:
-        """Whether a reference model is needed (KL anchored at π_ref with a coefficient that can be > 0)."""
-        adaptive_kl = self.controller.acts_on == "kl_coef" and self.controller.kind != "constant"
-        return self.loss.kl_anchor == "ref" and (self.kl_coef > 0 or adaptive_kl)
+        """Whether a reference model is needed (a KL to π_ref whose coefficient can be > 0)."""
+        beta = self.kl_coef > 0 or any(v > 0 for _, v in self.kl_schedule)
+        return self.loss.kl_anchor == "ref" and (beta or self.controller.drives == "kl_coef")
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """AdamW with global-norm gradient clipping and linear warm-up; non-finite updates are skipped."""
 
-    learning_rate: float = 1e-6
-    weight_decay: float = 0.0
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    warmup_steps: int = 0
-    max_consecutive_nonfinite: int = 1000
+    FLAG_PREFIX: ClassVar[str] = ""
+    learning_rate: float = opt(1e-4, "GRPO AdamW learning rate.")
+    warmup_steps: int = opt(0, "Linear learning-rate warm-up steps.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    grad_clip: float = opt(1.0, "Global gradient-norm clip.")
+    b1: float = opt(0.9, "Adam β1.", flag="adam_b1")
+    b2: float = opt(0.999, "Adam β2.", flag="adam_b2")
+    eps: float = opt(1e-8, "Adam ε.", flag="adam_eps")
+    max_consecutive_nonfinite: int = opt(
+        1000, "Non-finite gradients skipped in a row before the run stops updating (optax.apply_if_finite)."
+    )
 
     def __post_init__(self):
-        if not self.learning_rate > 0:
-            _fail(self, "learning_rate", "must be > 0")
-        if not self.weight_decay >= 0:
-            _fail(self, "weight_decay", "must be >= 0")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            _fail(self, "b1", "b1 and b2 must be in [0, 1)")
-        if not self.grad_clip > 0:
-            _fail(self, "grad_clip", "must be > 0")
-        if not self.warmup_steps >= 0:
-            _fail(self, "warmup_steps", "must be >= 0")
+        _positive(self, ("learning_rate", "grad_clip", "eps", "max_consecutive_nonfinite"))
+        _positive(self, ("weight_decay", "warmup_steps"), strict=False)
+        for n in ("b1", "b2"):
+            if not 0 <= getattr(self, n) < 1:
+                fail(self, n, "must be in [0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
-    """How completions are sampled: G per prompt, up to max_new_tokens, with these sampling parameters."""
+    """How a step's batch is made: B prompts, G completions each, sampling, refills, async grading."""
 
-    group_size: int = 8
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    FLAG_PREFIX: ClassVar[str] = ""
+    prompts_per_step: int = opt(8, "Prompts per GRPO step (B).")
+    group_size: int = opt(8, "Completions per prompt (G).")
+    max_new_tokens: int = opt(
+        24, "Completion length in tokens (also the SFT target length and Dr. GRPO's L)."
+    )
+    temperature: float = opt(1.0, "Sampling temperature of training rollouts.")
+    top_k: int = opt(0, "Top-k of training rollouts (0 = off).")
+    top_p: float = opt(1.0, "Top-p of training rollouts (1 = off).")
+    dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: refill groups whose rewards are all equal.")
+    dynamic_max_rounds: int = opt(3, "Extra sampling rounds per step for dynamic sampling.")
+    async_rewards: bool = opt(
+        False,
+        "Sample and grade step t+1 while the device trains on step t (one step off-policy; needs --tis_cap).",
+    )
 
     def __post_init__(self):
-        if not self.group_size >= 2:
-            _fail(self, "group_size", "must be >= 2 (group-relative advantages need a group)")
-        if not self.max_new_tokens >= 1:
-            _fail(self, "max_new_tokens", "must be >= 1")
-        if not self.temperature > 0:
-            _fail(self, "temperature", "must be > 0 for training rollouts (greedy is for evaluation)")
-        if not self.top_k >= 0:
-            _fail(self, "top_k", "must be >= 0 (0 = off)")
+        _positive(self, ("prompts_per_step", "max_new_tokens", "temperature"))
+        if self.group_size < 2:
+            fail(self, "group_size", "must be >= 2 (group-relative advantages need a group)")
+        _positive(self, ("top_k", "dynamic_max_rounds"), strict=False)
         if not 0 < self.top_p <= 1:
-            _fail(self, "top_p", "must be in (0, 1]")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoRAConfig:
-    """Train LoRA adapters only (Hu et al. 2021), the base model frozen; rank 0 = full fine-tuning.
-
-    With adapters on, the TrainState's `params` are the adapters, `frozen` the base; the reference policy is
-    the base without adapters (the initial adapters have B = 0), and a policy pool stores adapters only.
-    """
-
-    rank: int = 0
-    alpha: float = 16.0
-    targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-    def __post_init__(self):
-        if not (isinstance(self.rank, int) and self.rank >= 0):
-            _fail(self, "rank", "must be an integer >= 0 (0 = off)")
-        if not self.alpha > 0:
-            _fail(self, "alpha", "must be > 0")
-        valid = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-        if not self.targets or any(t not in valid for t in self.targets):
-            _fail(self, "targets", f"a non-empty subset of {', '.join(valid)}")
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
+            fail(self, "top_p", "must be in (0, 1]")
 
 
 @dataclasses.dataclass(frozen=True)
 class PoolConfig:
-    """The seed's pool of past policies (grpo_jax.pool); capacity 0 = no pool.
+    """The seed's pool of past policies (grpo_jax.pool): ONE stacked pytree with leading axis `capacity`.
 
-    capacity: K_max, the static number of slots (ONE stacked pytree with leading axis K_max).
-    k_schedule: ((step, K), ...) piecewise-constant active size (the seed: 8 -> 16 -> 32); the K most recent
-        snapshots are active. Empty: K = capacity. K is data: changing it never recompiles.
-    push_every: a snapshot of π_θ is pushed every N GRPO steps.
-    eval_members: M slots evaluated per step (a random subset of the active ones, masked if fewer are active);
-        0 = all capacity slots. samples_per_member: completions each evaluated member draws per prompt.
-    explore_fraction: fraction of pushes that become exploration members (the seed: 0.2), which sample with
-        `explore_temperature` ("temperature") or are stored with Gaussian parameter noise of relative size
-        `explore_noise` ("param_noise", Plappert et al. 2018).
+    The K most recent snapshots are active (K from `k_schedule`, data: never recompiles); `eval_members` of
+    them sample `samples_per_member` completions of the step's prompts; their mean reward is b_pool(q).
     """
 
-    capacity: int = 0
-    k_schedule: tuple[tuple[int, int], ...] = ()
-    push_every: int = 10
-    eval_members: int = 0
-    samples_per_member: int = 1
-    explore_fraction: float = 0.0
-    explore_mode: str = "temperature"
-    explore_temperature: float = 1.5
-    explore_noise: float = 0.02
+    FLAG_PREFIX: ClassVar[str] = "pool_"
+    capacity: int = opt(0, "Past-policy pool slots K_max (0 = no pool).")
+    k_schedule: tuple[tuple[int, int], ...] = opt(
+        (),
+        "Active pool size by GRPO step, 'step:K,...' from step 0 (e.g. 0:8,100:16,500:32); empty = capacity.",
+    )
+    push_every: int = opt(10, "Push a snapshot of the policy into the pool every N GRPO steps.")
+    eval_members: int = opt(0, "Pool members evaluated per step (0 = all slots).")
+    samples_per_member: int = opt(1, "Completions per prompt each evaluated member draws.")
+    explore_fraction: float = opt(0.0, "Fraction of pushes made exploration members (the seed: 0.2).")
+    explore_mode: str = opt(
+        "temperature", "How exploration members explore: temperature or param_noise.", choices=EXPLORE_MODES
+    )
+    explore_temperature: float = opt(1.5, "Sampling temperature of exploration members.")
+    explore_noise: float = opt(0.02, "Relative parameter-noise scale of exploration members.")
 
     def __post_init__(self):
-        if not (isinstance(self.capacity, int) and self.capacity >= 0):
-            _fail(self, "capacity", "must be an integer >= 0 (0 = no pool)")
-        steps = [s for s, _ in self.k_schedule]
-        if self.k_schedule and (steps[0] != 0 or steps != sorted(set(steps))):
-            _fail(self, "k_schedule", "steps must start at 0 and increase strictly, e.g. ((0, 8), (100, 16))")
+        _positive(self, ("capacity", "explore_noise"), strict=False)
+        _schedule_ok(self, "k_schedule", "0:8,100:16")
         if any(not 1 <= k <= max(self.capacity, 1) for _, k in self.k_schedule):
-            _fail(self, "k_schedule", f"every K must be in [1, capacity={self.capacity}]")
-        if self.push_every < 1:
-            _fail(self, "push_every", "must be >= 1")
+            fail(self, "k_schedule", f"every K must be in [1, capacity={self.capacity}]")
+        _positive(self, ("push_every", "samples_per_member", "explore_temperature"))
         if not 0 <= self.eval_members <= self.capacity:
-            _fail(self, "eval_members", f"must be in [0, capacity={self.capacity}] (0 = all slots)")
-        if self.samples_per_member < 1:
-            _fail(self, "samples_per_member", "must be >= 1")
+            fail(self, "eval_members", f"must be in [0, capacity={self.capacity}] (0 = all slots)")
         if not 0 <= self.explore_fraction <= 1:
-            _fail(self, "explore_fraction", "must be in [0, 1]")
-        if self.explore_mode not in EXPLORE_MODES:
-            _fail(self, "explore_mode", f"valid: {', '.join(EXPLORE_MODES)}")
-        if not self.explore_temperature > 0:
-            _fail(self, "explore_temperature", "must be > 0")
-        if not self.explore_noise >= 0:
-            _fail(self, "explore_noise", "must be >= 0")
+            fail(self, "explore_fraction", "must be in [0, 1]")
+        _choice(self, "explore_mode", EXPLORE_MODES)
 
     @property
     def enabled(self) -> bool:
@@ -271,3 +445,345 @@ class PoolConfig:
             if step >= s:
                 k = kk
         return k
+
+
+@dataclasses.dataclass(frozen=True)
+class LoRAConfig:
+    """Train LoRA adapters only (Hu et al. 2021), the base frozen; rank 0 = full fine-tuning. The reference
+    policy is then the base (initial adapters have B = 0) and a policy pool stores adapters only."""
+
+    FLAG_PREFIX: ClassVar[str] = "lora_"
+    rank: int = opt(0, "LoRA rank (0 = full fine-tuning).")
+    alpha: float = opt(16.0, "LoRA alpha (scale alpha / rank).")
+    targets: tuple[str, ...] = opt(LORA_TARGETS, "Projections that get adapters.")
+
+    def __post_init__(self):
+        _positive(self, ("rank",), strict=False)
+        _positive(self, ("alpha",))
+        if not self.targets or any(t not in LORA_TARGETS for t in self.targets):
+            fail(self, "targets", f"a non-empty subset of {', '.join(LORA_TARGETS)}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayConfig:
+    """Prioritized replay of successes (grpo_jax.replay): for `fraction`·B prompts the G-th member is a
+    stored success of a rarely solved problem, priority (1 − s(q) + 0.01)^alpha (off-policy: --tis_cap)."""
+
+    FLAG_PREFIX: ClassVar[str] = "replay_"
+    fraction: float = opt(0.0, "Fraction of prompts whose G-th member is a replayed success (0 = off).")
+    capacity: int = opt(1024, "Replay buffer capacity.")
+    alpha: float = opt(1.0, "Replay priority exponent: (1 - s(q) + 0.01) ** alpha.")
+
+    def __post_init__(self):
+        if not 0 <= self.fraction < 1:
+            fail(self, "fraction", "must be in [0, 1)")
+        _positive(self, ("capacity",))
+        _positive(self, ("alpha",), strict=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.fraction > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CurriculumConfig:
+    """Curriculum hyper-parameters (grpo_jax.curriculum has the rules; hashable: a static jit argument).
+
+    kind: uniform | levels | pass_rate | levels+pass_rate; P(q) ∝ [level unlocked] · max(1 − s(q), floor).
+    """
+
+    FLAG_PREFIX: ClassVar[str] = "curriculum_"
+    kind: str = opt(
+        "uniform",
+        "Problem sampling: uniform, levels (unlock by pass-rate thresholds), pass_rate "
+        "(P(q) ~ max(1 - s(q), floor), Kimi k1.5) or levels+pass_rate.",
+        flag="curriculum",
+        choices=CURRICULUM_KINDS,
+    )
+    ema: float = opt(0.9, "EMA factor of the per-problem / per-level pass rates, in [0, 1).")
+    floor: float = opt(0.05, "Floor of 1 - s(q) in the pass-rate sampling weights, in (0, 1].")
+    prior: float = opt(0.0, "s(q) of a never-attempted problem (and the initial level rates), in [0, 1].")
+    start_level: int = opt(0, "Highest unlocked level at the start (an index into --rl_levels).")
+    promote: float = opt(0.6, "Unlock the next level when the top level's pass rate >= this.")
+    demote: float = opt(0.1, "Lock the top level again when its pass rate < this.")
+    min_attempts: int = opt(32, "Samples on a level before it may be promoted / demoted.")
+
+    def __post_init__(self):
+        _choice(self, "kind", CURRICULUM_KINDS)
+        if not 0.0 <= self.ema < 1.0:
+            fail(self, "ema", "valid: 0 <= ema < 1")
+        if not 0.0 < self.floor <= 1.0:
+            fail(self, "floor", "valid: 0 < floor <= 1")
+        if not 0.0 <= self.prior <= 1.0:
+            fail(self, "prior", "valid: 0 <= prior <= 1")
+        if self.start_level < 0:
+            fail(self, "start_level", "valid: an integer >= 0 (and < the number of levels)")
+        if not 0.0 < self.promote <= 1.0:
+            fail(self, "promote", "valid: 0 < promote <= 1 (and > demote)")
+        if not 0.0 <= self.demote < self.promote:
+            fail(self, "demote", f"valid: 0 <= demote < promote={self.promote}")
+        if self.min_attempts < 1:
+            fail(self, "min_attempts", "valid: an integer >= 1")
+
+    @property
+    def uses_levels(self) -> bool:
+        return self.kind in ("levels", "levels+pass_rate")
+
+    @property
+    def uses_pass_rate(self) -> bool:
+        return self.kind in ("pass_rate", "levels+pass_rate")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: greedy pass@1 and unbiased pass@k from `samples` temperature samples."""
+
+    FLAG_PREFIX: ClassVar[str] = "eval_"
+    every: int = opt(0, "Held-out evaluation every N GRPO steps (0 = after SFT and at the end only).")
+    samples: int = opt(8, "Samples per held-out problem for pass@k.")
+    ks: tuple[int, ...] = opt((1, 8), "k values of pass@k.")
+    batch: int = opt(16, "Prompts per evaluation sampler call.")
+
+    def __post_init__(self):
+        _positive(self, ("every",), strict=False)
+        _positive(self, ("samples", "batch"))
+        if not self.ks or any(not 1 <= k <= self.samples for k in self.ks):
+            fail(self, "ks", f"every k must be in [1, samples={self.samples}]")
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+    """The code-reward executor (grpo_jax.sandbox): worker slots and per-program limits."""
+
+    FLAG_PREFIX: ClassVar[str] = "sandbox_"
+    workers: int = opt(2, "Sandbox worker slots.")
+    wall_s: float = opt(2.0, "Wall-clock limit per program (seconds); the CPU limit is its ceiling.")
+    deadline_s: float = opt(120.0, "Deadline for one batch of programs (seconds).")
+
+    def __post_init__(self):
+        _positive(self, ("workers", "wall_s", "deadline_s"))
+
+    @property
+    def cpu_s(self) -> int:
+        return max(1, int(self.wall_s + 0.999))
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints of the whole run state (also after SFT, at the end and on SIGTERM/SIGINT)."""
+
+    FLAG_PREFIX: ClassVar[str] = "checkpoint_"
+    every: int = opt(25, "Checkpoint every N GRPO steps (0 = only after SFT, at the end and on a signal).")
+    keep: int = opt(2, "Checkpoints kept.", flag="keep_checkpoints")
+
+    def __post_init__(self):
+        _positive(self, ("every",), strict=False)
+        _positive(self, ("keep",))
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    FLAG_PREFIX: ClassVar[str] = ""
+    every: int = opt(
+        1, "Console line and histograms every N steps (scalars are logged every step).", flag="log_every"
+    )
+    sample_every: int = opt(10, "Log sample completions every N steps (0 = never).", flag="sample_log_every")
+
+    def __post_init__(self):
+        _positive(self, ("every",))
+        _positive(self, ("sample_every",), strict=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Room for a device mesh (data x model axes, grpo_jax.train.sharding). The main job runs on one device
+    until the scale-out issue wires the mesh in; other shapes are refused, not ignored."""
+
+    FLAG_PREFIX: ClassVar[str] = "mesh_"
+    data: int = opt(1, "Data-parallel mesh axis size (only 1 until the mesh is wired into the main job).")
+    model: int = opt(1, "Model-parallel mesh axis size (only 1 until the mesh is wired into the main job).")
+
+    def __post_init__(self):
+        for n in ("data", "model"):
+            if getattr(self, n) != 1:
+                fail(
+                    self,
+                    n,
+                    "the main job does not build a device mesh yet (train/sharding.py is used by "
+                    "the multi-device test only): only 1 is valid",
+                )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the run
+# ------------------------------------------------------------------------------------------------------------
+
+# fields that may change when a run is resumed (they do not change the trajectory's meaning)
+RESUMABLE_CHANGES = (
+    "workdir",
+    "resume",
+    "steps",
+    "eval.every",
+    "checkpoint.every",
+    "checkpoint.keep",
+    "log.every",
+    "log.sample_every",
+    "sandbox.workers",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """The whole run of `python -m experiments.codegen` (grpo_jax.train.loop.run)."""
+
+    FLAG_PREFIX: ClassVar[str] = ""
+    workdir: str = opt("", "Run directory: checkpoints, TensorBoard events, metrics.jsonl, results.json.")
+    seed: int = opt(0, "Seed of the task suite, the model init and every PRNG stream.")
+    resume: bool = opt(True, "Resume from the workdir's latest checkpoint if there is one.")
+    steps: int = opt(50, "GRPO steps.")
+    preset: str = opt(
+        "",
+        "Objective preset applied (grpo_jax.presets); on the command line it takes effect "
+        "where it appears: flags after it override it, flags before it are overridden (noted).",
+    )
+    model: ModelConfig = ModelConfig()
+    tasks: TaskConfig = TaskConfig()
+    sft: SFTConfig = SFTConfig()
+    objective: ObjectiveConfig = ObjectiveConfig()
+    optim: OptimConfig = OptimConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    pool: PoolConfig = PoolConfig()
+    lora: LoRAConfig = LoRAConfig()
+    replay: ReplayConfig = ReplayConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
+    eval: EvalConfig = EvalConfig()
+    sandbox: SandboxConfig = SandboxConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    mesh: MeshConfig = MeshConfig()
+
+    def __post_init__(self):
+        if not self.workdir.strip():
+            fail(self, "workdir", "a run directory is required")
+        _positive(self, ("steps",), strict=False)
+        obj, ro = self.objective, self.rollout
+        n_rl = self.tasks.train_per_level * len(self.tasks.rl_levels)
+        if ro.prompts_per_step > n_rl:
+            fail(self, "rollout.prompts_per_step", f"must not exceed the {n_rl} RL training problems")
+        if self.replay.enabled and self.replay.capacity < ro.prompts_per_step:
+            fail(self, "replay.capacity", f"must be >= prompts_per_step={ro.prompts_per_step}")
+        if (self.replay.enabled or ro.async_rewards) and obj.loss.tis_cap is None:
+            which = "replay.fraction" if self.replay.enabled else "rollout.async_rewards"
+            fail(
+                self,
+                which,
+                "replayed and asynchronous rollouts are off-policy: set the truncated "
+                "importance-sampling cap objective.loss.tis_cap (e.g. 2)",
+            )
+        if obj.baseline != "group" and not self.pool.enabled:
+            fail(self, "objective.baseline", "needs a policy pool (pool.capacity > 0)")
+        if self.curriculum.start_level >= len(self.tasks.rl_levels):
+            fail(
+                self,
+                "curriculum.start_level",
+                f"an index into rl_levels (0..{len(self.tasks.rl_levels) - 1})",
+            )
+        if obj.overlong_cache_len and obj.overlong_cache_len >= ro.max_new_tokens:
+            fail(
+                self,
+                "objective.overlong_cache_len",
+                f"must be < max_new_tokens={ro.max_new_tokens} (DAPO: "
+                "L_cache 4096 of L_max 20480; scale it to the max completion length)",
+            )
+        self._derive()
+
+    def _derive(self) -> None:
+        """The derived fields, in one place: the loss's max_len (Dr. GRPO's L) is max_new_tokens."""
+        if self.objective.loss.max_len != self.rollout.max_new_tokens:
+            loss = dataclasses.replace(self.objective.loss, max_len=self.rollout.max_new_tokens)
+            object.__setattr__(self, "objective", dataclasses.replace(self.objective, loss=loss))
+
+    def to_json(self) -> dict:
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+
+SECTIONS = (
+    ModelConfig,
+    TaskConfig,
+    SFTConfig,
+    ControllerConfig,
+    ObjectiveConfig,
+    GRPOLossConfig,
+    OptimConfig,
+    RolloutConfig,
+    PoolConfig,
+    LoRAConfig,
+    ReplayConfig,
+    CurriculumConfig,
+    EvalConfig,
+    SandboxConfig,
+    CheckpointConfig,
+    LogConfig,
+    MeshConfig,
+    RunConfig,
+)
+
+
+def is_section(tp: Any) -> bool:
+    return isinstance(tp, type) and dataclasses.is_dataclass(tp)
+
+
+def field_types(cls: type) -> dict[str, Any]:
+    """{field name: resolved type} of a config dataclass (ClassVars excluded)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def leaves(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted path: value} of every leaf field of a config tree (sections flattened)."""
+    out: dict[str, Any] = {}
+    for name, tp in field_types(type(cfg)).items():
+        v = getattr(cfg, name)
+        if is_section(tp):
+            out.update(leaves(v, f"{prefix}{name}."))
+        else:
+            out[prefix + name] = v
+    return out
+
+
+def from_leaves(values: dict[str, Any], cls: type = RunConfig, prefix: str = "") -> Any:
+    """Build (and so validate, every section bottom-up, then the cross-section rules) a config tree from
+    {dotted path: value}; paths that are absent take the field's default. Unknown paths are a KeyError."""
+    if not prefix:
+        known = set(leaves(_defaults(cls)))
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise KeyError(f"unknown config fields: {', '.join(unknown)}")
+    kwargs = {}
+    for name, tp in field_types(cls).items():
+        path = prefix + name
+        if is_section(tp):
+            kwargs[name] = from_leaves(values, tp, path + ".")
+        elif path in values:
+            kwargs[name] = values[path]
+    return cls(**kwargs)
+
+
+def _defaults(cls: type) -> Any:
+    """An instance of `cls` with default values that skips validation (the root needs a workdir)."""
+    obj = object.__new__(cls)
+    for name, tp in field_types(cls).items():
+        f = cls.__dataclass_fields__[name]
+        default = _defaults(tp) if is_section(tp) else f.default
+        object.__setattr__(obj, name, default)
+    return obj
+
+
+def get_path(cfg: Any, path: str) -> Any:
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg

@@ -43,71 +43,17 @@ as a static argument, e.g. `jax.jit(update, static_argnums=1)`.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-CURRICULUM_KINDS = ("uniform", "levels", "pass_rate", "levels+pass_rate")
+from grpo_jax.config import CurriculumConfig  # the curriculum section of the run config tree
 
 # Sampling mass given to problems with probability 0 (locked levels) inside `sample`, so that asking for
 # more problems than are unlocked still returns n distinct ids (see `sample`).
 LOCKED_MASS = 1e-30
-
-
-def _fail(obj, field, why):
-    raise ValueError(f"{type(obj).__name__}.{field}={getattr(obj, field)!r}: {why}")
-
-
-@dataclasses.dataclass(frozen=True)
-class CurriculumConfig:
-    """Curriculum hyper-parameters (hashable: a static jit argument). See the module docstring for the rules.
-
-    kind: uniform | levels | pass_rate | levels+pass_rate.
-    ema: weight of the old value in the running pass rates, in [0, 1) (0 = keep only the last batch).
-    floor: minimum weight of a problem under the pass_rate kinds, in (0, 1]; P(q) ∝ max(1 − s(q), floor).
-    prior: s(q) of a never-attempted problem (and the initial level rates), in [0, 1].
-    start_level: highest unlocked level at the start; also the lowest level demotion can reach.
-    promote / demote: thresholds on the top unlocked level's running rate, 0 <= demote < promote <= 1.
-    min_attempts: samples needed on the top level since the last level change before it may change, >= 1.
-    """
-
-    kind: str = "uniform"
-    ema: float = 0.9
-    floor: float = 0.05
-    prior: float = 0.0
-    start_level: int = 0
-    promote: float = 0.6
-    demote: float = 0.1
-    min_attempts: int = 32
-
-    def __post_init__(self):
-        if self.kind not in CURRICULUM_KINDS:
-            _fail(self, "kind", f"valid: {', '.join(CURRICULUM_KINDS)}")
-        if not 0.0 <= self.ema < 1.0:
-            _fail(self, "ema", "valid: 0 <= ema < 1")
-        if not 0.0 < self.floor <= 1.0:
-            _fail(self, "floor", "valid: 0 < floor <= 1")
-        if not 0.0 <= self.prior <= 1.0:
-            _fail(self, "prior", "valid: 0 <= prior <= 1")
-        if self.start_level < 0:
-            _fail(self, "start_level", "valid: an integer >= 0 (and < num_levels)")
-        if not 0.0 < self.promote <= 1.0:
-            _fail(self, "promote", "valid: 0 < promote <= 1 (and > demote)")
-        if not 0.0 <= self.demote < self.promote:
-            _fail(self, "demote", f"valid: 0 <= demote < promote={self.promote}")
-        if self.min_attempts < 1:
-            _fail(self, "min_attempts", "valid: an integer >= 1")
-
-    @property
-    def uses_levels(self) -> bool:
-        return self.kind in ("levels", "levels+pass_rate")
-
-    @property
-    def uses_pass_rate(self) -> bool:
-        return self.kind in ("pass_rate", "levels+pass_rate")
 
 
 class CurriculumState(NamedTuple):

@@ -55,9 +55,48 @@ def test_all_equal_group_is_exactly_zero(eps, ddof):
         np.testing.assert_array_equal(out, np.zeros(out.shape))
 
 
-def test_zero_variance_gradient_is_finite():
-    g = jax.grad(lambda r: A.group_zscore(r, eps=0.0).sum())(jnp.ones(4))
-    assert np.all(np.isfinite(g))
+# The gradient of L(r) = Σ_i w_i Â_i. Weights, because Σ_i Â_i is identically 0 (so is its gradient).
+W = [1.0, 2.0, 3.0, 4.0]
+
+
+def _weighted_grad(r, **kw):
+    return jax.grad(lambda x: (jnp.array(W) * A.group_zscore(x, **kw)).sum())(jnp.array(r, jnp.float32))
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-4])
+@pytest.mark.parametrize("ddof", [0, 1])
+@pytest.mark.parametrize("r", [[1.0] * 4, [0.0] * 4, [0.3] * 4])
+def test_zero_variance_gradient_is_exactly_zero(r, ddof, eps):
+    # The guard selects the constant 0 for an all-equal group, so no gradient flows through it: exactly 0,
+    # not NaN (eps=0: 0/0) and not the unguarded (w_k − mean(w)) / (0 + eps) = ±15000, ±5000 (eps=1e-4).
+    np.testing.assert_array_equal(_weighted_grad(r, ddof=ddof, eps=eps), [0.0, 0.0, 0.0, 0.0])
+    g = jax.jit(jax.grad(lambda x: A.group_zscore(x, ddof=ddof, eps=eps).sum()))(jnp.array(r))
+    np.testing.assert_array_equal(g, [0.0, 0.0, 0.0, 0.0])
+
+
+# (rewards, ddof, eps, dL/dr). With μ the mean, s the std, n = G − ddof:
+#   dL/dr_k = (w_k − mean(w)) / (s + eps) − Σ_i w_i (r_i − μ) / (s + eps)² · (r_k − μ) / (n s)
+# R_1000, ddof=1: μ = 0.25, s = 0.5, Σ w (r − μ) = −1.5; so with eps=0, by hand,
+#   dL/dr = [−3, −1, 1, 3] + 6·[1/2, −1/6, −1/6, −1/6] = [0, −2, 0, 2].
+# The eps=1e-4 rows agree with NumPy float64 central differences (h=1e-6) to 1e-9.
+GRAD_ROWS = [
+    (R_1000, 1, 0.0, [0.0, -2.0, 0.0, 2.0]),
+    (R_1000, 1, 1e-4, [-0.00059976, -1.9994002, 0.00019992, 1.9998]),
+    (R_1000, 0, 1e-4, [-0.0008, -2.308601, 0.000267, 2.309134]),
+    (R_NB, 1, 1e-4, [-3.278311, 0.936151, -0.467939, 2.810099]),
+]
+
+
+@pytest.mark.parametrize("r, ddof, eps, expected", GRAD_ROWS)
+def test_gradient_literal(r, ddof, eps, expected):
+    np.testing.assert_allclose(_weighted_grad(r, ddof=ddof, eps=eps), expected, atol=ATOL)
+
+
+def test_gradient_guard_is_per_group():
+    # an all-equal group next to a non-degenerate one: the guard zeroes only its own group's gradient
+    f = lambda x: (jnp.array(W) * A.group_zscore(x, ddof=1, eps=1e-4)).sum()  # noqa: E731
+    g = jax.grad(f)(jnp.array([[1.0] * 4, R_1000]))
+    np.testing.assert_allclose(g, [[0.0] * 4, [-0.00059976, -1.9994002, 0.00019992, 1.9998]], atol=ATOL)
 
 
 def test_rloo_identity():
@@ -188,6 +227,35 @@ def test_whiten():
     np.testing.assert_allclose(jax.jit(A.whiten)(x, m), [-1.0, 0.0, 1.0, 98.0], atol=ATOL)
 
 
+def _np_advantages(method, r, m, b, ddof=1, eps=1e-4, std_floor=1.0):
+    """Float64 NumPy oracle of compute_advantages for one [B, G] batch, written from the docstrings."""
+    r, m = np.asarray(r, np.float64), np.asarray(m, bool)
+    out = np.zeros_like(r)
+
+    def stats(x):  # mean, std(ddof), all-equal flag of the valid values x
+        if len(x) == 0:
+            return 0.0, 0.0, True
+        var = ((x - x.mean()) ** 2).sum() / (len(x) - ddof) if len(x) > ddof else 0.0
+        return x.mean(), np.sqrt(var), bool(x.max() == x.min() or var == 0)
+
+    _, bstd, bzero = stats(r[m])
+    for i in range(r.shape[0]):
+        x = r[i][m[i]]
+        mean, std, zero = stats(x)
+        if method == "grpo":
+            row = 0.0 if zero else (r[i] - mean) / (std + eps)
+        elif method == "dr_grpo":
+            row = 0.0 if zero else r[i] - mean
+        elif method == "rloo":
+            row = 0.0 if zero or len(x) <= 1 else r[i] - (x.sum() - r[i]) / (len(x) - 1)
+        elif method == "batch_std":
+            row = 0.0 if zero or bzero else (r[i] - mean) / (bstd + eps)
+        else:  # scaled_baseline
+            row = (r[i] - b[i]) / (std_floor if zero else std + eps)
+        out[i] = np.where(m[i], row, 0.0)
+    return out
+
+
 @pytest.mark.parametrize("method", A.ADV_METHODS)
 def test_jit_and_vmap_match(method):
     rng = np.random.default_rng(0)
@@ -205,4 +273,7 @@ def test_jit_and_vmap_match(method):
     vm = jax.jit(jax.vmap(f))(r, mask, base)
     loop = np.stack([np.asarray(fj(r[i], mask[i], base[i])) for i in range(r.shape[0])])
     np.testing.assert_allclose(vm, loop, atol=ATOL)
-    assert np.all(np.isfinite(vm))
+    # and both equal the NumPy oracle (all-equal, partly masked and ordinary groups all occur in this draw)
+    oracle = np.stack([_np_advantages(method, r[i], mask[i], base[i]) for i in range(r.shape[0])])
+    np.testing.assert_allclose(vm, oracle, atol=ATOL)
+    assert np.count_nonzero(oracle) >= 10  # the draw is not degenerate: most groups get nonzero advantages

@@ -19,12 +19,13 @@ from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.types import batch_from_samples
 
 V, P, B, G, T = 8, 4, 4, 4, 4
 MODEL = tfm.TransformerConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32)
 # a reference model (kl_coef > 0) AND an adaptive entropy controller, so every kind of state leaf is exercised
-OBJ = ObjectiveConfig(kl_coef=0.04, controller=ControllerConfig(kind="seed_entropy"))
+OBJ = ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01, controller=ControllerConfig(kind="seed_entropy"))
 OPTIM = OptimConfig(learning_rate=3e-3, warmup_steps=2)
 
 
@@ -43,11 +44,11 @@ def loop():
     sp = sampling.sampling_params(1.0)
 
     def step(state):
-        prompt, pmask = token_task.make_prompts(state.key("data"), B, P, V)
-        out = sampler(state.params, prompt, pmask, state.key("sample"), sp)
+        prompt, pmask = token_task.make_prompts(state.key("rollout", "prompts"), B, P, V)
+        out = sampler(state.params, prompt, pmask, state.key("rollout", "sample"), sp)
         r = token_task.rewards(prompt, out.tokens, V)
         batch = batch_from_samples(prompt, pmask, out, r)
-        state, metrics = train_step(state, batch)
+        state, metrics, _ = train_step(state, batch)
         return state, {k: float(v) for k, v in metrics.items()}
 
     return step

@@ -116,10 +116,12 @@ def test_pool_lora_ema_run_and_extension_resume(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     train = {x["step"]: x for x in lines if "reward" in x}
     assert sorted(train) == list(range(1, 9))
+    # line n is the step made from rollout n - 1; the first snapshot is pushed by the rollout of step 2
     assert "pool/members_evaluated" not in train[2]  # the pool is empty until the step-2 push
     assert train[3]["pool/members_evaluated"] == 1.0 and train[3]["pool/baseline_coverage"] == 1.0
-    assert [train[s]["pool/k_schedule"] for s in (3, 4)] == [2.0, 4.0]  # K 2 -> 4 at step 4
-    assert train[8]["pool/size"] == 4.0 and train[8]["pool/explore_members"] == 2.0
+    assert [train[s]["pool/k_schedule"] for s in (4, 5)] == [2.0, 4.0]  # K 2 -> 4 at step 4
+    # pushes at steps 2, 4, 6; push number 1 (0-based) is an exploration member (fraction 0.5)
+    assert train[8]["pool/size"] == 3.0 and train[8]["pool/explore_members"] == 1.0
     assert all(train[s]["ref/updated"] == 1.0 for s in train)
     half = _run(TINY, f"--workdir={tmp_path / 'ext'}", *POOL[:-1], "--steps=4")
     assert half.returncode == 0, half.stderr[-3000:]
@@ -151,7 +153,7 @@ def test_sparse_mechanisms_async_run_and_extension_resume(tmp_path):
     lines = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     train = {x["step"]: x for x in lines if "reward" in x}
     assert sorted(train) == list(range(1, 9))
-    for key in ("dynamic/kept_groups", "replay/size", "curriculum/level0_pass_rate", "time/async_wait_s"):
+    for key in ("dynamic/kept_groups", "replay/size", "curriculum/level0_pass_rate", "time/rollout_wait_s"):
         assert key in train[8], key
     half = _run(TINY, f"--workdir={tmp_path / 'ext'}", *SPARSE[:-1], "--steps=4")
     assert half.returncode == 0, half.stderr[-3000:]
@@ -176,6 +178,8 @@ def test_sparse_mechanisms_async_run_and_extension_resume(tmp_path):
         (["--ref_update=ema", "--kl_coef=0"], "ref_update"),
         (["--async_rewards"], "tis_cap"),
         (["--replay_fraction=1.5"], "--replay_fraction"),
+        (["--kl_anchor=old"], "--kl_anchor=old: with num_iterations=1"),
+        (["--pool_k_schedule=0:x"], "--pool_k_schedule"),
     ],
 )
 def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):
@@ -185,6 +189,38 @@ def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):
     err = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("I1", "W1"))]
     assert len(err) == 1 and needle in err[0], proc.stderr
     assert not wd.exists()
+
+
+@pytest.mark.parametrize(
+    "args, drives",
+    [
+        (["--controller=seed_entropy", "--entropy_coef=0.01"], "entropy"),
+        (["--controller=skywork_entropy", "--controller_target=5.0"], "entropy"),
+        (["--controller=ppo_adaptive_kl", "--controller_target=0.01"], "kl"),
+        (["--controller=ziegler_kl", "--controller_target=0.01", "--controller_horizon=100"], "kl"),
+        (["--controller=seed_entropy", "--controller_acts_on=kl_coef", "--kl_coef=0.01"], "kl"),
+        (["--kl_schedule=0:0.04,1:0.01"], None),
+        (["--preset=dapo", "--overlong_cache_len=4"], None),
+    ],
+    ids=["seed_entropy", "skywork", "ppo_kl", "ziegler", "seed_on_kl", "kl_schedule", "dapo"],
+)
+def test_controllers_schedules_and_dapo_run_from_the_cli(tmp_path, args, drives):
+    """Each adaptive controller (and the β schedule, and DAPO with its overlong shaping) completes a short
+    run from the command line and moves the coefficient it drives (the random-init policy's entropy, ~6.2,
+    is above every target here and its KL to the reference after one step is below every target)."""
+    proc = _run(TINY, f"--workdir={tmp_path / 'run'}", "--steps=2", "--eval_samples=1", "--eval_ks=1", *args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [x for x in lines if "reward" in x]
+    assert [x["step"] for x in train] == [1, 2]
+    if drives is not None:
+        other = "kl" if drives == "entropy" else "entropy"
+        assert train[0][f"coef/{drives}_next"] != train[0][f"coef/{drives}"]
+        assert train[0][f"coef/{other}_next"] == train[0][f"coef/{other}"]
+    if "--kl_schedule=0:0.04,1:0.01" in args:
+        assert [x["coef/kl"] for x in train] == pytest.approx([0.04, 0.01])
+    if "--preset=dapo" in args:
+        assert "reward/overlong" in train[-1] and "dynamic/kept_groups" in train[-1]
 
 
 def test_every_flagfile_resolves_to_a_valid_config(tmp_path):

@@ -35,10 +35,11 @@ def test_t9_seed_entropy_rule():
 def test_t9_skywork_entropy():
     ctrl = C.skywork_entropy_controller(init_coef=0.01, target=0.2, delta=0.005)
     upd = jax.jit(ctrl.update)
+    app = jax.jit(ctrl.applied)
     for h, applied, nxt in ((0.15, 0.01, 0.015), (0.3, 0.0, 0.005)):
-        for fn in (ctrl.update, upd):
+        for fn, ap in ((ctrl.update, ctrl.applied), (upd, app)):
             s = fn(ctrl.init(), jnp.float32(h))
-            np.testing.assert_allclose((s.applied, s.coef), (applied, nxt), atol=ATOL)
+            np.testing.assert_allclose((ap(ctrl.init(), jnp.float32(h)), s.coef), (applied, nxt), atol=ATOL)
     # the coefficient never goes below min_coef and respects max_coef
     s = ctrl.update(_set(ctrl.init(), coef=0.002), 0.5)
     np.testing.assert_allclose(s.coef, 0.0, atol=ATOL)
@@ -72,6 +73,7 @@ def test_constant_and_make_controller():
         C.constant_controller()
     ctrl = C.make_controller("ppo_adaptive_kl", init_coef=1.0, target=0.01)
     np.testing.assert_allclose(ctrl.update(ctrl.init(), 0.003).coef, 0.5, atol=ATOL)
+    measures = {}
     for kind in C.CONTROLLER_KINDS:
         kw = dict(init_coef=0.1, target=6.0, horizon=100) if kind == "ziegler_kl" else {}
         kw = dict(coef=0.1) if kind == "constant" else kw
@@ -79,10 +81,46 @@ def test_constant_and_make_controller():
         assert isinstance(c, C.Controller)
         s = c.update(c.init(), 1.0, n_steps=1)  # uniform calling convention
         assert np.shape(s.coef) == () and s.coef.dtype == jnp.float32
+        a = c.applied(c.init(), jnp.float32(1.0))
+        assert np.shape(a) == () and a.dtype == jnp.float32
+        measures[kind] = c.measures
+    assert measures == {
+        "seed_entropy": "entropy",
+        "skywork_entropy": "entropy",
+        "ppo_adaptive_kl": "kl",
+        "ziegler_kl": "kl",
+        "constant": "none",
+    }
+    # every kind but Skywork applies its current coefficient whatever the measurement
+    seed = C.make_controller("seed_entropy", init_coef=0.01)
+    np.testing.assert_allclose(seed.applied(seed.init(), 99.0), 0.01, atol=ATOL)
     with pytest.raises(
         ValueError, match="seed_entropy.*skywork_entropy.*ppo_adaptive_kl.*ziegler_kl.*constant"
     ):
         C.make_controller("sac")
+
+
+def test_ziegler_defaults_are_trls():
+    c = C.ziegler_kl_controller()  # TRL PPOConfig: init 0.05, target 6, horizon 10000
+    np.testing.assert_allclose(c.init().coef, 0.05, atol=ATOL)
+    # KL 9 -> e = 0.2; n = 256: 0.05 * (1 + 0.2 * 256 / 10000) = 0.050256
+    np.testing.assert_allclose(c.update(c.init(), 9.0, n_steps=256).coef, 0.050256, atol=ATOL)
+
+
+def test_piecewise_controller_is_the_seed_beta_schedule():
+    # the seed's staged β by step: 0.03 for [0, 100), 0.01 for [100, 500), 0.005 from 500
+    c = C.piecewise_controller((100, 500), (0.03, 0.01, 0.005))
+    upd = jax.jit(c.update)
+    s = c.init()
+    got = []
+    for _ in range(600):
+        got.append(float(c.applied(s, 0.0)))
+        s = upd(s, jnp.float32(0.0))
+    assert got[0] == pytest.approx(0.03) and got[99] == pytest.approx(0.03)
+    assert got[100] == pytest.approx(0.01) and got[499] == pytest.approx(0.01)
+    assert got[500] == pytest.approx(0.005) and got[599] == pytest.approx(0.005)
+    assert int(s.t) == 600 and c.measures == "none"
+    assert upd._cache_size() == 1
 
 
 @pytest.mark.parametrize("kind", ["seed_entropy", "skywork_entropy", "ppo_adaptive_kl"])
@@ -121,8 +159,8 @@ def test_ziegler_no_retrace():
 
 
 def test_piecewise_constant_boundaries_and_seed_schedule():
-    beta = C.piecewise_constant(*C.SEED_EPOCH_SCHEDULE["beta"])
-    pool = C.piecewise_constant(*C.SEED_EPOCH_SCHEDULE["pool_size"])
+    beta = C.piecewise_constant((100, 500), (0.03, 0.01, 0.005))  # the seed's β and K schedules
+    pool = C.piecewise_constant((100, 500), (8, 16, 32))
     steps = [0, 99, 100, 499, 500, 10_000]
     np.testing.assert_allclose(
         [float(beta(s)) for s in steps], [0.03, 0.03, 0.01, 0.01, 0.005, 0.005], atol=ATOL

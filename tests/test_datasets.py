@@ -10,7 +10,8 @@ import time
 import pytest
 
 from grpo_jax.codegen import datasets
-from grpo_jax.sandbox.executor import Executor, jobs_for
+from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
 
 # a wrapper that keeps the canonical solution but changes every return value (the "made wrong" variant)
@@ -117,10 +118,49 @@ def test_humaneval_canonical_pass_and_wrong_fail(ex):
     assert not passed_bad
 
 
-def test_mbpp_references_mostly_pass(ex):
+# MBPP's "made wrong" variant: the reference runs, then the entry point is redefined to call it and return an
+# object that no test can accept (not plain data; every conversion, comparison or access on it raises).
+MBPP_WRONG = """
+
+
+class _GrpoWrong:
+    def _no(self, *args, **kwargs):
+        raise TypeError("a made-wrong result")
+
+    __bool__ = __len__ = __iter__ = __getitem__ = __contains__ = __str__ = __repr__ = __format__ = _no
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __hash__ = __index__ = __int__ = __float__ = _no
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __round__ = __abs__ = __neg__ = _no
+
+
+_grpo_orig = {name}
+
+
+def {name}(*args, **kwargs):
+    _grpo_orig(*args, **kwargs)
+    return _GrpoWrong()
+"""
+
+MBPP_PASS_FLOOR = 969  # measured: 970/974 (the known failures below, less 123 unless the machine is loaded)
+
+
+def test_mbpp_references_mostly_pass_and_wrong_ones_fail(ex):
     probs = datasets.load_mbpp()
+    graded = [p for p in probs if p.tests]  # parent-graded problems (all 974 of the bundled copy)
+    assert len(graded) >= 970 and all(p.entry_point for p in graded)
+    t0 = time.monotonic()
     vs = ex.run(jobs_for(probs, [p.reference for p in probs]))
+    bad = ex.run(jobs_for(graded, [p.reference + MBPP_WRONG.format(name=p.entry_point) for p in graded]))
+    secs = time.monotonic() - t0
+    passed = sum(v.passed for v in vs)
     failed = {p.task_id for p, v in zip(probs, vs, strict=True) if not v.passed}
+    passed_bad = [p.task_id for p, v in zip(graded, bad, strict=True) if v.passed]
+    print(
+        f"MBPP: references {passed}/{len(probs)} pass (failed: {sorted(failed)}), "
+        f"made-wrong {len(graded) - len(passed_bad)}/{len(graded)} fail, {secs:.1f}s"
+    )
+    assert not passed_bad, f"{len(passed_bad)} made-wrong programs passed: {passed_bad[:20]}"
     # known: 341/642 (set order), 596 (sys.getsizeof), 414 (returns 1/0 where the test says True/False:
     # bool is not int under strict grading), 123 may time out on a loaded machine
     assert failed <= {"Mbpp/341", "Mbpp/642", "Mbpp/596", "Mbpp/414", "Mbpp/123"}, failed
+    assert "Mbpp/414" in failed  # strict grading: 1 is not True
+    assert passed >= MBPP_PASS_FLOOR, (passed, sorted(failed))

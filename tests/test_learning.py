@@ -7,7 +7,7 @@ About a minute of CPU (the same run as `python -m experiments.token_task`).
 import numpy as np
 
 from grpo_jax.config import ObjectiveConfig, OptimConfig
-from grpo_jax.envs import token_task as tt
+from grpo_jax.train import token_loop as tt
 
 
 def test_grpo_transformer_learns_token_task():

@@ -687,7 +687,6 @@ def test_t8_value_loss_and_ppo_loss():
         (dict(kl_anchor="policy"), "kl_anchor"),
         (dict(kl_bias_correction=1), "kl_bias_correction"),
         (dict(aggregation="sum"), "aggregation"),
-        (dict(aggregation="constant"), "max_len"),
         (dict(max_len=0), "max_len"),
         (dict(importance_level="seq"), "importance_level"),
         (dict(tis_cap=0.0), "tis_cap"),
@@ -696,6 +695,14 @@ def test_t8_value_loss_and_ppo_loss():
 def test_config_validation(kw, field):
     with pytest.raises(ValueError, match=field):
         L.GRPOLossConfig(**kw)
+
+
+def test_constant_aggregation_without_max_len_fails_at_use():
+    # the config may leave L unset (the run config derives it from max_new_tokens); the loss refuses to guess
+    cfg = L.GRPOLossConfig(aggregation="constant")
+    x = jnp.zeros((2, 3))
+    with pytest.raises(ValueError, match="max_len"):
+        L.grpo_loss(x, x, None, jnp.zeros((2,)), jnp.ones((2, 3)), cfg=cfg, kl_coef=0.0, entropy_coef=0.0)
 
 
 def test_config_defaults_and_hashable():

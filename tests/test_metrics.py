@@ -1,10 +1,11 @@
-"""Tests for grpo_jax.core.metrics against GRPO_MATH.md §5 (literal expected values)."""
+"""grpo_jax.codegen.passk (pass@k, GRPO_MATH.md §5) and grpo_jax.core.metrics against literal values."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax.codegen import passk as P
 from grpo_jax.core import metrics as M
 
 ATOL = 1e-5
@@ -25,33 +26,33 @@ PASS_ROWS = [
 
 @pytest.mark.parametrize("n, c, k, unbiased, naive", PASS_ROWS)
 def test_pass_at_k_table(n, c, k, unbiased, naive):
-    assert isinstance(M.pass_at_k(n, c, k), float)
-    np.testing.assert_allclose(M.pass_at_k(n, c, k), unbiased, atol=ATOL)
-    np.testing.assert_allclose(M.pass_at_k_naive(n, c, k), naive, atol=ATOL)
-    assert M.pass_at_k_naive(n, c, k) <= M.pass_at_k(n, c, k) + 1e-12  # naive is biased low
+    assert isinstance(P.pass_at_k(n, c, k), float)
+    np.testing.assert_allclose(P.pass_at_k(n, c, k), unbiased, atol=ATOL)
+    np.testing.assert_allclose(P.pass_at_k_naive(n, c, k), naive, atol=ATOL)
+    assert P.pass_at_k_naive(n, c, k) <= P.pass_at_k(n, c, k) + 1e-12  # naive is biased low
 
 
 def test_pass_at_k_facts_and_mean():
     for n in (1, 5, 10):
         for c in range(n + 1):
-            np.testing.assert_allclose(M.pass_at_k(n, c, 1), c / n, atol=1e-12)
-    np.testing.assert_allclose(M.mean_pass_at_k([10, 10], [3, 0], 5), 0.458333, atol=ATOL)
-    np.testing.assert_allclose(M.mean_pass_at_k(10, [3, 0], 5), 0.458333, atol=ATOL)
+            np.testing.assert_allclose(P.pass_at_k(n, c, 1), c / n, atol=1e-12)
+    np.testing.assert_allclose(P.mean_pass_at_k([10, 10], [3, 0], 5), 0.458333, atol=ATOL)
+    np.testing.assert_allclose(P.mean_pass_at_k(10, [3, 0], 5), 0.458333, atol=ATOL)
 
 
 @pytest.mark.parametrize("n, c, k", [(5, 2, 6), (5, 6, 1), (-1, 0, 1), (5, -1, 1), (5, 2, 0), (5, 2, -1)])
 def test_pass_at_k_errors(n, c, k):
     with pytest.raises(ValueError):
-        M.pass_at_k(n, c, k)
+        P.pass_at_k(n, c, k)
     with pytest.raises(ValueError):
-        M.pass_at_k_naive(n, c, k)
+        P.pass_at_k_naive(n, c, k)
     with pytest.raises(ValueError):
-        M.mean_pass_at_k([n], [c], k)
+        P.mean_pass_at_k([n], [c], k)
 
 
 def test_mean_pass_at_k_length_mismatch():
     with pytest.raises(ValueError, match="one n per problem"):
-        M.mean_pass_at_k([10, 10], [3], 1)
+        P.mean_pass_at_k([10, 10], [3], 1)
 
 
 def test_masked_mean_and_std():

@@ -21,7 +21,8 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.types import batch_from_samples
 
 F32 = tfm.TransformerConfig(
     vocab_size=64,
@@ -161,7 +162,7 @@ def _train(cfg, batches):
     step = make_train_step(transformer_logits_fn(cfg), obj, optimizer)
     metrics = []
     for batch in batches:
-        state, m = step(state, batch)
+        state, m, _ = step(state, batch)
         metrics.append(jax.device_get(m))
     return jax.device_get(state), metrics
 

@@ -16,7 +16,8 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn, update_reference
+from grpo_jax.train.step import make_train_step, transformer_logits_fn, update_reference
+from grpo_jax.types import batch_from_samples
 
 CFG = tfm.TransformerConfig(
     vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, qkv_bias=True
@@ -249,7 +250,7 @@ def test_ema_reference_in_train_step():
     state = init_state(params, obj, opt, seed=0)
     ref0 = jax.device_get(state.ref_params)
     step = make_train_step(transformer_logits_fn(CFG), obj, opt)
-    state, m = step(state, _batch(params))
+    state, m, _ = step(state, _batch(params))
     p1, r1 = jax.device_get(state.params), jax.device_get(state.ref_params)
     # π_ref ← π_ref + 0.5 (π_θ − π_ref) with π_θ the updated parameters
     want = jax.tree.map(lambda r, p: r + 0.5 * (p - r), ref0, p1)
@@ -265,7 +266,8 @@ def test_lora_train_step_updates_adapters_only_and_reference_is_the_base():
     opt = make_optimizer(OptimConfig(learning_rate=1e-2))
     base = tfm.init_params(CFG, jax.random.PRNGKey(0))
     adapters = lora.init(base, jax.random.PRNGKey(1), rank=2)
-    state = init_state(adapters, obj, opt, seed=0, frozen=jax.tree.map(jnp.copy, base))
+    state = init_state(adapters, obj, opt, seed=0)
+    frozen = jax.tree.map(jnp.copy, base)  # read-only: RunState.frozen, not donated
 
     def param_fn(a, b):
         return lora.merge(jax.lax.stop_gradient(b), a, alpha=4.0)
@@ -274,12 +276,12 @@ def test_lora_train_step_updates_adapters_only_and_reference_is_the_base():
     base_before = jax.device_get(base)
     ad_before = jax.device_get(adapters)
     batch = _batch(base)
-    state, m = step(state, batch)
+    state, m, _ = step(state, batch, frozen)
     assert float(m["kl"]) == 0.0  # B = 0: the policy and the reference (the base) are the same function
-    state, m = step(state, _batch(base, seed=1))
+    state, m, _ = step(state, _batch(base, seed=1), frozen)
     assert float(m["kl"]) > 0.0
     # the base is bit-identical, the adapters moved
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.frozen), base_before)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(frozen), base_before)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), jax.device_get(state.params), ad_before)
     assert max(jax.tree.leaves(moved)) > 0
     # the optimiser state holds adapter moments only
@@ -304,7 +306,7 @@ def test_pool_baseline_in_train_step():
     step = make_train_step(transformer_logits_fn(CFG), obj, opt)
     b = _batch(params)
     b = b.replace(rewards=jnp.zeros((B, G)), baseline=jnp.full((B,), 0.5), baseline_valid=jnp.ones((B,)))
-    state, m = step(state, b)
+    state, m, _ = step(state, b)
     # all groups fail, the pool passed half the time: every advantage is (0 − 0.5) / 1
     np.testing.assert_allclose(m["Training/AdvantageNorm"], 0.5, rtol=1e-6)
     np.testing.assert_allclose(m["adv/mean"], -0.5, rtol=1e-6)
@@ -313,5 +315,5 @@ def test_pool_baseline_in_train_step():
     # the canonical objective on the same batch gives no gradient at all
     obj_g = dataclasses.replace(obj, baseline="group")
     step_g = make_train_step(transformer_logits_fn(CFG), obj_g, opt)
-    _, mg = step_g(init_state(params, obj_g, opt, seed=0), b)
+    _, mg, _ = step_g(init_state(params, obj_g, opt, seed=0), b)
     assert float(mg["Training/AdvantageNorm"]) == 0.0

@@ -1,94 +1,98 @@
-"""Tests for grpo_jax.core.presets against GRPO_MATH.md §1.8."""
-
-import dataclasses
+"""Presets (grpo_jax.presets) against GRPO_MATH.md §1.8: every recipe field set, the table's numbers, and
+the result a valid RunConfig."""
 
 import pytest
 
-from grpo_jax.core import advantages, controllers, losses, presets
+from grpo_jax import presets
+from grpo_jax.config import RolloutConfig, RunConfig, from_leaves, get_path, leaves
 
 EXPECTED_NAMES = {"deepseekmath", "r1", "dapo", "dr_grpo", "gspo", "trl_default", "seed"}
+BASE = RunConfig(workdir="/nonexistent", rollout=RolloutConfig(max_new_tokens=24))
 
 
-def test_all_presets_present_and_valid():
+def _applied(name, **leaf_overrides):
+    """BASE with the preset applied, then `leaf_overrides` ({dotted path: value}) on top."""
+    vals = {**leaves(BASE), **dict(presets.get_preset(name).values), **leaf_overrides}
+    return from_leaves(vals)
+
+
+def test_every_preset_sets_every_recipe_field_and_applies():
     assert set(presets.PRESETS) == EXPECTED_NAMES
     for name in EXPECTED_NAMES:
         p = presets.get_preset(name)
-        assert p.name == name
-        assert isinstance(p.loss, losses.GRPOLossConfig)
-        assert p.adv_method in advantages.ADV_METHODS
+        paths = [path for path, _ in p.values]
+        assert paths[: len(presets.RECIPE_FIELDS)] == list(presets.RECIPE_FIELDS), name
         assert p.notes and "\n" not in p.notes
-        hash(p.loss)  # usable as a static jit argument
-        # re-validating via dataclasses.replace must succeed
-        dataclasses.replace(p)
-        dataclasses.replace(p.loss)
-        if p.entropy_controller is not None:
-            controllers.make_controller(p.entropy_controller)
+        over = {"objective.overlong_cache_len": 4} if name == "dapo" else {}
+        cfg = _applied(name, **over)
+        if not over:
+            assert cfg == p.apply(BASE)
+        for path, value in p.values:
+            if path not in over:
+                assert get_path(cfg, path) == value, (name, path)
+        hash(cfg.objective)  # a static jit argument
 
 
-def test_spot_checks_against_table():
-    d = presets.get_preset("deepseekmath")
-    assert (d.kl_coef, d.group_size, d.adv_ddof, d.adv_eps) == (0.04, 64, 1, 1e-4)
-    assert (d.loss.eps_low, d.loss.eps_high, d.loss.kl_estimator) == (0.2, 0.2, "k3")
-    assert d.loss.aggregation == "seq_mean_token_mean"
-    assert "not stated" in d.notes
+def test_table_values():
+    obj = _applied
 
-    r1 = presets.get_preset("r1")
-    assert (r1.kl_coef, r1.loss.eps_low, r1.loss.eps_high, r1.group_size, r1.ref_reset_every) == (
-        0.001,
-        10.0,
-        10.0,
-        16,
-        400,
+    d = obj("deepseekmath")
+    o = d.objective
+    assert (o.kl_coef, d.rollout.group_size, o.adv_ddof, o.adv_eps) == (0.04, 64, 1, 1e-4)
+    assert (o.loss.eps_low, o.loss.eps_high, o.loss.kl_estimator, o.loss.kl_anchor) == (0.2, 0.2, "k3", "ref")
+    assert o.loss.aggregation == "seq_mean_token_mean" and o.ref_update == "frozen" and o.uses_reference
+    assert "not stated" in presets.get_preset("deepseekmath").notes
+
+    r1 = obj("r1")
+    o = r1.objective
+    assert (o.kl_coef, o.loss.eps_low, o.loss.eps_high, r1.rollout.group_size) == (0.001, 10.0, 10.0, 16)
+    assert (o.ref_update, o.ref_update_every) == ("hard", 400)
+
+    dapo = obj("dapo", **{"objective.overlong_cache_len": 4})
+    o = dapo.objective
+    assert (o.loss.eps_low, o.loss.eps_high, o.kl_coef, o.uses_reference) == (0.2, 0.28, 0.0, False)
+    assert o.loss.aggregation == "token_mean" and dapo.rollout.dynamic_sampling and o.mask_truncated
+    assert dict(presets.get_preset("dapo").values)["objective.overlong_cache_len"] == 4096
+    assert dapo.rollout.group_size == 16
+
+    dr = obj("dr_grpo")
+    o = dr.objective
+    assert o.adv_method == "dr_grpo" and o.adv_eps == 0.0 and o.loss.aggregation == "constant"
+    assert o.loss.max_len == 24  # Dr. GRPO's L = the configured max completion length (derived)
+    assert (o.kl_coef, dr.rollout.group_size) == (0.0, 8)
+
+    g = obj("gspo").objective
+    assert (g.loss.eps_low, g.loss.eps_high, g.kl_coef) == (3e-4, 4e-4, 0.0)
+    assert g.loss.importance_level == "sequence" and g.loss.aggregation == "seq_mean"
+
+    t = obj("trl_default").objective
+    assert (t.kl_coef, t.loss.aggregation, t.loss.kl_bias_correction) == (0.0, "token_mean", True)
+
+    s = obj("seed")
+    o = s.objective
+    assert (o.kl_coef, o.loss.kl_anchor, s.pool.capacity, o.baseline) == (0.01, "ref", 16, "pool")
+    assert (o.ref_update, o.ref_update_every, o.ref_ema_tau) == ("ema", 1, 0.005)
+    assert (o.controller.kind, o.controller.drives, o.controller.target, o.entropy_coef) == (
+        "seed_entropy",
+        "entropy_coef",
+        2.0,
+        0.01,
     )
+    assert "not from a paper" in presets.get_preset("seed").notes
 
-    dapo = presets.get_preset("dapo")
-    assert (dapo.loss.eps_low, dapo.loss.eps_high, dapo.kl_coef) == (0.2, 0.28, 0.0)
-    assert dapo.loss.aggregation == "token_mean" and dapo.dynamic_sampling and dapo.mask_truncated
-    assert dapo.overlong == (20480, 4096) and dapo.group_size == 16
 
-    dr = presets.get_preset("dr_grpo")
-    assert dr.adv_method == "dr_grpo" and dr.loss.aggregation == "constant" and dr.loss.max_len == 3000
-    assert (dr.kl_coef, dr.group_size) == (0.0, 8)
+def test_a_preset_resets_fields_set_before_it():
+    # a preset is a complete recipe: an earlier dual clip or β does not leak into it
+    before = BASE.objective.__class__(kl_coef=0.5, loss=BASE.objective.loss.__class__(dual_clip=3.0))
+    cfg = presets.get_preset("gspo").apply(RunConfig(workdir="/x", objective=before))
+    assert cfg.objective.kl_coef == 0.0 and cfg.objective.loss.dual_clip is None
 
-    gspo = presets.get_preset("gspo")
-    assert (gspo.loss.eps_low, gspo.loss.eps_high, gspo.kl_coef) == (3e-4, 4e-4, 0.0)
-    assert gspo.loss.importance_level == "sequence" and gspo.loss.aggregation == "seq_mean"
 
-    trl = presets.get_preset("trl_default")
-    assert (trl.kl_coef, trl.group_size, trl.loss.aggregation, trl.loss.max_len) == (
-        0.0,
-        8,
-        "token_mean",
-        512,
-    )
-
-    seed = presets.get_preset("seed")
-    assert (seed.kl_coef, seed.loss.kl_anchor, seed.pool_size, seed.ref_ema_tau) == (0.01, "ref", 16, 0.005)
-    assert seed.entropy_controller == "seed_entropy"
-    assert "seed document" in seed.notes and "not from a paper" in seed.notes
+def test_dapo_overlong_cache_must_fit_the_max_length():
+    with pytest.raises(ValueError, match="overlong_cache_len=4096: must be < max_new_tokens=24"):
+        presets.get_preset("dapo").apply(BASE)
 
 
 def test_get_preset_error_lists_names():
-    with pytest.raises(ValueError, match="deepseekmath.*r1.*dapo.*dr_grpo.*gspo.*trl_default.*seed"):
+    with pytest.raises(ValueError, match="deepseekmath, r1, dapo, dr_grpo, gspo, trl_default, seed"):
         presets.get_preset("ppo")
-
-
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("adv_method", "zscore"),
-        ("adv_ddof", 2),
-        ("adv_eps", -1.0),
-        ("kl_coef", -0.1),
-        ("entropy_coef", -0.1),
-        ("group_size", 1),
-        ("overlong", (100, 200)),
-        ("ref_reset_every", 0),
-        ("entropy_controller", "sac"),
-        ("pool_size", -1),
-        ("ref_ema_tau", 2.0),
-    ],
-)
-def test_preset_validation(field, value):
-    with pytest.raises(ValueError, match=field):
-        dataclasses.replace(presets.get_preset("deepseekmath"), **{field: value})

@@ -1,9 +1,10 @@
-"""RolloutWorker with the real sandbox: replayed successes enter the batch with their stored behaviour
-log-probs, are excluded from the pass-rate statistics, and dynamic sampling keeps only groups with a signal
-(refilling with fresh draws, masking what it cannot fill). The default options reproduce the first
-version's problem draw."""
+"""The rollout with the real sandbox: replayed successes enter the batch with their stored behaviour log-probs
+and are excluded from the pass-rate statistics; dynamic sampling keeps only groups with a signal; the async
+wrapper returns exactly the batches of the synchronous rollout, one step ahead; every key of a step is
+distinct."""
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -11,36 +12,39 @@ import numpy as np
 import pytest
 
 from grpo_jax import replay
+from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline, tasks
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.config import ObjectiveConfig, RolloutConfig
+from grpo_jax.config import (
+    ObjectiveConfig,
+    PoolConfig,
+    ReplayConfig,
+    RolloutConfig,
+    RunConfig,
+    TaskConfig,
+)
 from grpo_jax.core.losses import GRPOLossConfig
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
-from grpo_jax.train.loop import CodegenConfig
-from grpo_jax.train.rollout import RolloutView, RolloutWorker
-from grpo_jax.train.state import rng_streams
+from grpo_jax.train.rollout import AsyncRollout, CodegenRollout
 
 B, G, T = 4, 4, 24
 MODEL = tfm.TransformerConfig(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
+TOK = CodeTokenizer()
+PROBLEMS = tasks.make_split("train", levels=(0,), n_per_level=40, seed=0)
+PARAMS = tfm.init_params(MODEL, jax.random.PRNGKey(0))
+KEY = rng_lib.streams(0)["rollout"]
 
 
-def _cfg(**kw):
-    base = dict(
+def _cfg(replay_fraction=0.5, **rollout):
+    return RunConfig(
         workdir="/nonexistent",
-        model=MODEL,
         objective=ObjectiveConfig(kl_coef=0.0, loss=GRPOLossConfig(tis_cap=2.0)),
-        rollout=RolloutConfig(group_size=G, max_new_tokens=T),
-        rl_levels=(0,),
-        train_per_level=40,
-        prompt_len=64,
-        prompts_per_step=B,
-        replay_fraction=0.5,
-        replay_capacity=8,
+        rollout=RolloutConfig(prompts_per_step=B, group_size=G, max_new_tokens=T, **rollout),
+        tasks=TaskConfig(rl_levels=(0,), train_per_level=40, prompt_len=64),
+        replay=ReplayConfig(fraction=replay_fraction, capacity=8),
     )
-    base.update(kw)
-    return CodegenConfig(**base)
 
 
 @pytest.fixture(scope="module")
@@ -49,36 +53,26 @@ def ex():
         yield e
 
 
-def _worker_with_two_stored_successes(cfg, ex):
-    tok = CodeTokenizer()
-    problems = tasks.make_split("train", levels=(0,), n_per_level=40, seed=0)
-    w = RolloutWorker(cfg, tok, ex, problems)
-    rp = w.init_replay()
+def _with_two_stored_successes(cfg, ex):
+    w = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    state = w.init_state(PARAMS)
     items = {"problem": [], "tokens": [], "mask": [], "logp": [], "truncated": []}
     for q in (3, 7):  # the reference solutions of problems 3 and 7, stored as if sampled with logp -0.5
-        ids = tok.encode(pipeline.reference_body(problems[q])) + [tok.eos_id]
+        ids = TOK.encode(pipeline.reference_body(PROBLEMS[q])) + [TOK.eos_id]
         assert len(ids) <= T
         items["problem"].append(q)
-        items["tokens"].append(ids + [tok.pad_id] * (T - len(ids)))
+        items["tokens"].append(ids + [TOK.pad_id] * (T - len(ids)))
         items["mask"].append([1.0] * len(ids) + [0.0] * (T - len(ids)))
         items["logp"].append([-0.5] * len(ids) + [0.0] * (T - len(ids)))
         items["truncated"].append(False)
     items = {k: jnp.asarray(np.asarray(v)) for k, v in items.items()}
-    rp = replay.add(rp, items, jnp.ones(2), jnp.ones(2, bool))
-    view = RolloutView(
-        params=tfm.init_params(MODEL, jax.random.PRNGKey(0)),
-        rng=rng_streams(0),
-        curriculum=w.init_curriculum(),
-        replay=rp,
-    )
-    return w, view, problems, items
+    state = state.replace(replay=replay.add(state.replay, items, jnp.ones(2), jnp.ones(2, bool)))
+    return w, state, items
 
 
 def test_replayed_successes_enter_the_batch_off_policy(ex):
-    cfg = _cfg()
-    w, view, problems, items = _worker_with_two_stored_successes(cfg, ex)
-    r = w.produce(view, 0)
-    b = r.batch
+    w, state, items = _with_two_stored_successes(_cfg(), ex)
+    new, b, info = w.produce(state, PARAMS, KEY, 0)
     # the last B * 0.5 = 2 groups are replayed problems; their G-th member is the stored reference: it passes
     np.testing.assert_array_equal(b.rewards[2:, G - 1], [1.0, 1.0])
     n = items["mask"].sum(1).astype(int)
@@ -87,44 +81,89 @@ def test_replayed_successes_enter_the_batch_off_policy(ex):
         k = int(np.asarray(b.completion_mask[row, G - 1]).sum())
         assert k in n.tolist()
         np.testing.assert_allclose(lp[:k], -0.5)
-    assert r.metrics["replay/replayed_groups"] == 2.0 and r.metrics["replay/replayed_reward"] == 1.0
-    # the replayed members are not fresh evidence: B*G - 2 graded samples enter the pass table / curriculum
-    assert len(r.passes) == B * G - 2
-    assert int(np.asarray(r.curriculum.attempts).sum()) == B * G - 2
+    assert info.metrics["replay/replayed_groups"] == 2.0 and info.metrics["replay/replayed_reward"] == 1.0
+    # the replayed members are not fresh evidence: B*G - 2 graded samples enter the counts / curriculum
+    assert int(np.asarray(new.stats.attempts).sum()) == B * G - 2
+    assert int(np.asarray(new.curriculum.attempts).sum()) == B * G - 2
     # a random policy never solves a problem; the buffer holds only the two stored items, and the
     # priorities of the replayed items were refreshed with s(q) (never attempted fresh -> s = 0 -> 1.01)
-    assert int(r.replay.size) == 2
-    np.testing.assert_allclose(replay.total(r.replay), 2 * 1.01, rtol=1e-6)
+    assert int(new.replay.size) == 2 and int(np.asarray(new.stats.passes).sum()) == 0
+    np.testing.assert_allclose(replay.total(new.replay), 2 * 1.01, rtol=1e-6)
+    assert isinstance(b.completions, jax.Array)  # the samples stayed on the device
 
 
 def test_dynamic_sampling_keeps_groups_with_a_signal(ex):
-    cfg = _cfg(dynamic_sampling=True, dynamic_max_rounds=2)
-    w, view, _, _ = _worker_with_two_stored_successes(cfg, ex)
-    r = w.produce(view, 0)
+    w, state, _ = _with_two_stored_successes(_cfg(dynamic_sampling=True, dynamic_max_rounds=2), ex)
+    new, b, info = w.produce(state, PARAMS, KEY, 0)
     # only the two replayed groups (one pass among failures) have non-zero reward variance; the random
     # policy's fresh groups are all 0, two extra rounds find nothing, and the two missing groups are masked
-    assert r.metrics["dynamic/frac_zero_std_first_round"] == 0.5
-    assert r.metrics["dynamic/rounds"] == 2.0 and r.metrics["dynamic/kept_groups"] == 2.0
-    np.testing.assert_array_equal(np.asarray(r.batch.group_mask)[:, 0], [1, 1, 0, 0])
-    np.testing.assert_array_equal(np.asarray(r.batch.rewards)[:2, G - 1], [1.0, 1.0])
+    assert info.metrics["dynamic/frac_zero_std_first_round"] == 0.5
+    assert info.metrics["dynamic/rounds"] == 2.0 and info.metrics["dynamic/kept_groups"] == 2.0
+    np.testing.assert_array_equal(np.asarray(b.group_mask)[:, 0], [1, 1, 0, 0])
+    np.testing.assert_array_equal(np.asarray(b.rewards)[:2, G - 1], [1.0, 1.0])
     # every graded fresh sample of every round is evidence: 3 rounds x 16 - 2 replayed members
-    assert len(r.passes) == 3 * B * G - 2
+    assert int(np.asarray(new.stats.attempts).sum()) == 3 * B * G - 2
 
 
-def test_default_rollout_draws_the_first_versions_problems(ex):
-    cfg = dataclasses.replace(_cfg(), replay_fraction=0.0)
-    tok = CodeTokenizer()
-    problems = tasks.make_split("train", levels=(0,), n_per_level=40, seed=0)
-    w = RolloutWorker(cfg, tok, ex, problems)
-    view = RolloutView(
-        params=tfm.init_params(MODEL, jax.random.PRNGKey(0)),
-        rng=rng_streams(0),
-        curriculum=w.init_curriculum(),
-        replay=None,
-    )
-    r = w.produce(view, 5)
-    key = jax.random.fold_in(rng_streams(0)["data"], 5)
-    idx = np.asarray(jax.random.choice(key, len(problems), (B,), replace=False))
-    want, _ = pipeline.encode_prompts(tok, [problems[i] for i in idx], cfg.prompt_len)
-    np.testing.assert_array_equal(np.asarray(r.batch.prompt), want)
-    assert np.asarray(r.batch.group_mask).min() == 1.0 and "replay/size" not in r.metrics
+def test_uniform_draw_is_the_named_problems_key(ex):
+    w = CodegenRollout(_cfg(replay_fraction=0.0), TOK, ex, PROBLEMS, MODEL)
+    _, b, info = w.produce(w.init_state(PARAMS), PARAMS, KEY, 5)
+    key = rng_lib.derive(rng_lib.derive(KEY, 5), "problems")
+    idx = np.asarray(jax.random.choice(key, len(PROBLEMS), (B,), replace=False))
+    want, _ = pipeline.encode_prompts(TOK, [PROBLEMS[i] for i in idx], 64)
+    np.testing.assert_array_equal(np.asarray(b.prompt), want)
+    assert np.asarray(b.group_mask).min() == 1.0 and "replay/size" not in info.metrics
+
+
+def test_async_rollout_returns_the_sync_batches_one_step_ahead(ex):
+    cfg = _cfg(replay_fraction=0.0)
+    sync = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    s0 = sync.init_state(PARAMS)
+    s1, b0, _ = sync.produce(s0, PARAMS, KEY, 0)
+    s2, b1, i1 = sync.produce(s1, PARAMS, KEY, 1)
+    a = AsyncRollout(CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL))
+    try:
+        st = a.init_state(PARAMS)
+        st, a0, _ = a.produce(st, PARAMS, KEY, 0)  # nothing pending: produced now
+        st = a.settle(st)  # waits for step 1, graded while "step 0 trained"
+        assert a.host_state()["pending_step"] == 1
+        st, a1, ai1 = a.produce(st, PARAMS, KEY, 1)
+        after1 = st  # the rollout state once step 1's batch exists: the sync s2
+        st = a.settle(st)
+    finally:
+        a.close()
+    for want, got in ((b0, a0), (b1, a1)):
+        jax.tree.map(np.testing.assert_array_equal, jax.device_get(want), jax.device_get(got))
+    assert ai1.samples == i1.samples
+    for f in ("attempts", "pass_rate"):
+        np.testing.assert_array_equal(getattr(after1.curriculum, f), getattr(s2.curriculum, f))
+    np.testing.assert_array_equal(after1.stats.attempts, s2.stats.attempts)
+    assert st.pending is not None and a.host_state()["pending_step"] == 2
+
+
+def test_keys_of_one_step_are_pairwise_distinct(ex):
+    """Every key a step, the warm start and the evaluation hand to a consumer, and the per-token / per-member
+    keys the consumers derive from them, are distinct (the old pool-selection key equalled the key of token 0
+    of the first refill round)."""
+    cfg = _cfg(dynamic_sampling=True, dynamic_max_rounds=3)
+    cfg = dataclasses.replace(cfg, pool=PoolConfig(capacity=4, eval_members=4))
+    w = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    named = w.step_keys(KEY, 7)
+    streams = rng_lib.streams(0)
+    used = dict(named)
+    for name, k in named.items():  # what the consumers fold in below the key they get
+        if name.startswith("sample/"):
+            used.update({f"{name}/token{t}": jax.random.fold_in(k, t) for t in range(T)})
+        if name == "pool_sample":
+            for m, mk in enumerate(jax.random.split(k, cfg.pool.members_per_step)):
+                used.update({f"{name}/member{m}/token{t}": jax.random.fold_in(mk, t) for t in range(T)})
+    used.update({"init/model": rng_lib.derive(streams["init"], "model")})
+    used.update({"init/lora": rng_lib.derive(streams["init"], "lora")})
+    used.update({f"sft/shuffle/{e}": rng_lib.derive(streams["sft"], e, "shuffle") for e in range(4)})
+    heldout = rng_lib.derive(streams["eval"], 7, "heldout")
+    used.update({f"eval/{c}/token{t}": jax.random.fold_in(rng_lib.derive(heldout, c), t)
+                 for c in range(1, 4) for t in range(T)})  # fmt: skip
+    raw = {n: tuple(np.asarray(k).tolist()) for n, k in used.items()}
+    clashes = [(a, b) for a, b in itertools.combinations(raw, 2) if raw[a] == raw[b]]
+    assert not clashes, clashes[:5]
+    assert len(raw) > 11 * T  # the token keys of 4 rounds, 4 pool members and 3 eval calls were covered

@@ -11,10 +11,11 @@ import time
 
 import pytest
 
-from grpo_jax.codegen.problem import Problem
-from grpo_jax.codegen.problem import TestCase as TC
-from grpo_jax.sandbox.executor import Executor, jobs_for
+from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.problem import Problem
+from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Job, Limits, Status
+from grpo_jax.sandbox.types import TestCase as TC
 
 LIM = Limits(wall_s=2.0, cpu_s=2)
 ADD = "def add(a, b):\n    return a + b\n"

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from grpo_jax.codegen.problem import TestCase as TC
 from grpo_jax.sandbox import grading
 from grpo_jax.sandbox.types import Status
+from grpo_jax.sandbox.types import TestCase as TC
 
 
 def test_split_assert():

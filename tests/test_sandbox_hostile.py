@@ -4,6 +4,13 @@ Asserts for every entry: the verdict status is one of the expected ones (hostile
 each program's verdict arrives within its limit + 3 s, the parent is alive, no process of a sandbox uid is
 left, sentinel files outside the sandbox are intact, no marker appears, no loopback connection arrives and the
 canary never leaves the parent.
+
+The whole corpus needs a tier with pid/mount/network namespaces (root, or unprivileged user namespaces).
+Without them the corpus tests skip, loudly, naming the tier and what it lacks; with
+GRPO_REQUIRE_SANDBOX_NAMESPACES=1 (set by .ci/run) a missing namespace tier is a FAILURE instead. On any tier,
+the entries whose expectations do not depend on namespaces (`NAMESPACE_FREE`: reward hacking, timeouts,
+malformed input) still run, so a laptop checks grading. GRPO_SANDBOX_TEST_TIER=<tier> (e.g. rlimits-only)
+forces the executor's tier, to try the laptop path on a machine that has namespaces.
 """
 
 from __future__ import annotations
@@ -18,16 +25,21 @@ from pathlib import Path
 import pytest
 
 from grpo_jax.codegen.datasets import MBPP_PATH
-from grpo_jax.codegen.problem import TestCase as TC
 from grpo_jax.sandbox import isolation
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Job, Limits, Status
+from grpo_jax.sandbox.types import TestCase as TC
 
 CORPUS = Path(__file__).parent / "sandbox_corpus"
 LIMITS = Limits(wall_s=2.0, cpu_s=2)
 # legit controls and memory exhaustion get more time: they are CPU/page-fault heavy and share 2 loaded cores
 SLOW_LIMITS = Limits(wall_s=6.0, cpu_s=6)
 CANARY = "canary-7f3a9c-do-not-leak"
+REQUIRE_NAMESPACES = os.environ.get("GRPO_REQUIRE_SANDBOX_NAMESPACES") == "1"
+TEST_TIER = os.environ.get("GRPO_SANDBOX_TEST_TIER") or "auto"
+NAMESPACES = ("pid_namespace", "mount_namespace_minimal_root", "network_namespace")
+# corpus entries whose expected verdicts hold on every tier (they attack the grading, not the host)
+NAMESPACE_FREE = ("hack_", "timeout_", "input_")
 
 
 def sandbox_uid_pids() -> list[int]:
@@ -80,7 +92,7 @@ def env(tmp_path_factory):
         "CANARY": CANARY,
         "DATASET": str(MBPP_PATH),
     }
-    ex = Executor(num_workers=4, limits=LIMITS)
+    ex = Executor(num_workers=4, limits=LIMITS, tier=TEST_TIER)
     yield {
         "ex": ex,
         "sentinel": sentinel,
@@ -94,16 +106,27 @@ def env(tmp_path_factory):
     os.environ.pop("GRPO_SANDBOX_CANARY", None)
 
 
+def missing_namespaces(ex: Executor) -> str:
+    """'' if the tier has every namespace; else what it lacks, why, and why the stronger tiers failed."""
+    report = ex.tier_report()
+    lacking = [k for k in NAMESPACES if not report["active"][k]]
+    if not lacking:
+        return ""
+    why = "; ".join(f"{k}: {report['missing'].get(k, 'not observed')}" for k in lacking)
+    tried = f"; stronger tiers failed: {report['errors']}" if report.get("errors") else ""
+    return f"sandbox tier {ex.tier!r} lacks {', '.join(lacking)} ({why}{tried})"
+
+
 def needs_namespaces(ex: Executor) -> None:
-    if not ex.tier_report()["active"]["pid_namespace"]:
-        pytest.skip(f"tier {ex.tier} has no pid/mount namespaces (needs root or user namespaces)")
+    lacking = missing_namespaces(ex)
+    if lacking and REQUIRE_NAMESPACES:
+        pytest.fail(f"GRPO_REQUIRE_SANDBOX_NAMESPACES=1 but {lacking}")
+    if lacking:
+        pytest.skip(f"{lacking}; set GRPO_REQUIRE_SANDBOX_NAMESPACES=1 to make this a failure")
 
 
-def test_corpus_verdicts_and_host_unharmed(env):
-    ex: Executor = env["ex"]
-    needs_namespaces(ex)
-    cases = load_corpus(env["subst"])
-    assert len(cases) >= 50
+def check_corpus(ex: Executor, cases) -> None:
+    """Run `cases` as one batch: every verdict as expected, no hostile program scores 1, in time."""
     jobs = [c[1] for c in cases]
     t0 = time.monotonic()
     verdicts = ex.run(jobs)
@@ -119,9 +142,31 @@ def test_corpus_verdicts_and_host_unharmed(env):
             bad.append(f"{name}: hostile program scored 1")
         if v.seconds > _job.limits.wall_s + 3:
             bad.append(f"{name}: took {v.seconds:.1f}s")
-    assert not bad, "\n".join(bad)
+    assert not bad, f"tier {ex.tier}:\n" + "\n".join(bad)
     # the whole batch on 4 slots: bounded by (number of slow entries / slots) x (limit + 3 s)
     assert elapsed < len(jobs) * (SLOW_LIMITS.wall_s + 3) / 4 + 10
+
+
+def test_corpus_grading_on_any_tier(env):
+    """The namespace-free part of the corpus (reward hacks, timeouts, malformed input) on whatever tier this
+    machine gives: grading must hold even where isolation is weak. Where the tier has namespaces, the full
+    corpus test below runs these same entries too."""
+    ex: Executor = env["ex"]
+    cases = [c for c in load_corpus(env["subst"]) if c[0].startswith(NAMESPACE_FREE)]
+    assert len(cases) >= 20 and {c[3] for c in cases} == {"hack", "timeout", "input"}
+    if not missing_namespaces(ex):
+        pytest.skip(
+            f"tier {ex.tier} has namespaces: test_corpus_verdicts_and_host_unharmed runs these entries"
+        )
+    check_corpus(ex, cases)
+
+
+def test_corpus_verdicts_and_host_unharmed(env):
+    ex: Executor = env["ex"]
+    needs_namespaces(ex)
+    cases = load_corpus(env["subst"])
+    assert len(cases) >= 50
+    check_corpus(ex, cases)
     # host checks, a little after the batch (daemons would have acted by now)
     time.sleep(2.0)
     assert env["sentinel"].read_text() == "intact"

@@ -61,13 +61,15 @@ def test_sft_step_reduces_loss_and_compiles_once():
 
 def test_sft_train_learns_and_is_deterministic():
     opt = optax.adam(3e-3)
-    kw = dict(steps=12, batch_size=8, seed=3)
+    kw = dict(steps=12, batch_size=8, key=jax.random.PRNGKey(3))
     p1, h1 = sft_train(_params(), CFG, opt, DATA, **kw, print_fn=lambda s: None)
     p2, h2 = sft_train(_params(), CFG, opt, DATA, **kw, print_fn=lambda s: None)
     assert len(h1) == 12 and h1[-1]["loss"] < h1[0]["loss"] - 0.5
     assert h1 == h2
     for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    p3, _ = sft_train(_params(), CFG, opt, DATA, steps=12, batch_size=8, seed=4, print_fn=lambda s: None)
+    p3, _ = sft_train(
+        _params(), CFG, opt, DATA, steps=12, batch_size=8, key=jax.random.PRNGKey(4), print_fn=lambda s: None
+    )
     pairs = zip(jax.tree.leaves(p1), jax.tree.leaves(p3), strict=True)
     assert any(not np.array_equal(a, b) for a, b in pairs)

@@ -8,7 +8,7 @@ import functools
 import pytest
 
 from grpo_jax.codegen import tasks
-from grpo_jax.codegen.problem import Problem
+from grpo_jax.problem import Problem
 
 PROMPT_MAX_CHARS = {0: 150, 1: 150, 2: 260, 3: 260, 4: 300}
 BODY_MAX_CHARS = {0: 40, 1: 40, 2: 60, 3: 60, 4: 70}

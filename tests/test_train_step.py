@@ -12,7 +12,8 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.types import batch_from_samples
 
 CFG = tfm.TransformerConfig(
     vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, qkv_bias=True
@@ -39,7 +40,7 @@ def _setup(obj=ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01), jit=True, lr=1e
 
 def test_metrics_have_seed_names_and_diagnostics():
     state, step = _setup()
-    state, m = step(state, _batch(state.params))
+    state, m, _ = step(state, _batch(state.params))
     for name in (
         "Policy/Entropy",
         "Training/AdvantageNorm",
@@ -70,7 +71,7 @@ def _run(n, jit=True, obj=ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01), lr=1
     state, step = _setup(obj, jit=jit, lr=lr)
     ms = []
     for i in range(n):
-        state, m = step(state, _batch(state.params, seed=i))
+        state, m, _ = step(state, _batch(state.params, seed=i))
         ms.append(jax.device_get(m))
     return jax.device_get(state), ms
 
@@ -101,12 +102,12 @@ def test_second_call_does_not_recompile_and_coefficients_are_data():
     obj = ObjectiveConfig(
         kl_coef=0.04,
         entropy_coef=0.01,
-        controller=ControllerConfig("seed_entropy", "entropy_coef", (("target", 5.0),)),
+        controller=ControllerConfig("seed_entropy", "entropy_coef", target=5.0),
     )
     state, step = _setup(obj)
     coefs = []
     for i in range(3):
-        state, m = step(state, _batch(state.params, seed=i))
+        state, m, _ = step(state, _batch(state.params, seed=i))
         coefs.append(float(m["coef/entropy"]))
     assert step._cache_size() == 1
     # entropy (< 0.8 * 5.0) is below target: the seed's rule raises the coefficient by 1.2x (cap 0.02)
@@ -120,12 +121,12 @@ def test_nonfinite_gradient_skips_update_and_is_counted():
     good_ref = jax.tree.map(jnp.copy, state.ref_params)
     # a NaN reference log-prob makes the KL term, the loss and the gradient non-finite
     poisoned = jax.tree.map(lambda x: jnp.full_like(x, jnp.nan), state.ref_params)
-    state, m = step(state.replace(ref_params=poisoned), batch)
+    state, m, _ = step(state.replace(ref_params=poisoned), batch)
     assert not np.isfinite(float(m["loss"]))
     assert float(m["nonfinite/skipped_total"]) == 1.0
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state.params)), strict=True):
         np.testing.assert_array_equal(a, b)
-    state, m = step(state.replace(ref_params=good_ref), batch)  # training goes on
+    state, m, _ = step(state.replace(ref_params=good_ref), batch)  # training goes on
     assert float(m["nonfinite/skipped_total"]) == 1.0 and float(m["nonfinite/consecutive"]) == 0.0
     assert np.isfinite(float(m["loss"]))
 
@@ -134,7 +135,7 @@ def test_nonfinite_rewards_are_counted_and_neutralised():
     state, step = _setup()
     batch = _batch(state.params)
     bad = batch.replace(rewards=batch.rewards.at[0, 0].set(jnp.nan))
-    _, m = step(state, bad)
+    _, m, _ = step(state, bad)
     assert float(m["nonfinite/rewards"]) == 1.0
     assert np.isfinite(float(m["loss"])) and np.isfinite(float(m["reward"]))
 
@@ -142,19 +143,69 @@ def test_nonfinite_rewards_are_counted_and_neutralised():
 def test_multiple_iterations_move_off_policy():
     obj = ObjectiveConfig(kl_coef=0.0, num_iterations=3)
     state, step = _setup(obj)
-    state, m = step(state, _batch(state.params))
+    state, m, _ = step(state, _batch(state.params))
     assert float(m["ratio/mean"]) == pytest.approx(1.0, abs=1e-6)  # first iteration is on-policy
     assert float(m["loss/final_iteration"]) != float(m["loss"])
     assert state.ref_params is None  # kl_coef = 0 and no KL controller: no reference model is kept
 
 
 def test_group_mask_excludes_members():
-    state, step = _setup(ObjectiveConfig(kl_coef=0.0))
+    """A masked group's data cannot change the update; without the mask the same data does."""
+    state, step = _setup(ObjectiveConfig(kl_coef=0.0, entropy_coef=0.01))
     batch = _batch(state.params)
     masked = batch.replace(group_mask=batch.group_mask.at[0].set(0.0))
-    _, m = step(state, masked)
-    expected = float(jnp.mean(batch.rewards[1:]))
-    assert float(m["reward"]) == pytest.approx(expected, abs=1e-6)
+    # the masked group 0 gets other rewards and other completions
+    scrambled = masked.replace(
+        rewards=masked.rewards.at[0].set(jnp.array([1.0, 0.0, 1.0, 0.0])),
+        completions=masked.completions.at[0].set((masked.completions[0] + 3) % CFG.vocab_size),
+    )
+
+    def run(b):
+        s, m, out = step(jax.tree.map(jnp.copy, state), b)
+        return jax.device_get(s.params), {k: float(v) for k, v in m.items()}, jax.device_get(out)
+
+    p1, m1, o1 = run(masked)
+    p2, m2, o2 = run(scrambled)
+    jax.tree.map(np.testing.assert_array_equal, p1, p2)
+    assert m1["loss"] == m2["loss"] and m1["grad_norm"] == m2["grad_norm"]
+    np.testing.assert_array_equal(o1["advantages"][0], np.zeros(G))  # masked members: advantage 0
+    assert m1["reward"] == pytest.approx(float(jnp.mean(batch.rewards[1:])), abs=1e-6)
+    # the same scrambled data without the mask moves the parameters differently
+    p3, m3, _ = run(scrambled.replace(group_mask=jnp.ones((B, G))))
+    assert m3["loss"] != m1["loss"]
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p3), strict=True)
+    )
+
+
+def test_kl_schedule_drives_beta_by_step_without_recompiling():
+    obj = ObjectiveConfig(kl_coef=0.03, kl_schedule=((0, 0.03), (2, 0.01), (4, 0.005)))
+    state, step = _setup(obj)
+    coefs = []
+    for i in range(5):
+        state, m, _ = step(state, _batch(state.params, seed=i))
+        coefs.append(float(m["coef/kl"]))
+    np.testing.assert_allclose(coefs, [0.03, 0.03, 0.01, 0.01, 0.005], rtol=1e-6)
+    assert step._cache_size() == 1 and state.ref_params is not None
+
+
+def test_soft_overlong_punishment_is_added_to_the_rewards():
+    # L_max = T = 5, L_cache = 2: lengths <= 3 -> 0, 4 -> (3 - 4) / 2 = -0.5, 5 -> -1 (DAPO eq. 13)
+    obj = ObjectiveConfig(kl_coef=0.0, overlong_cache_len=2, loss=ObjectiveConfig().loss.__class__(max_len=T))
+    state, step = _setup(obj)
+    batch = _batch(state.params)
+    lengths = jnp.array([5, 4, 3, 2])
+    mask = (jnp.arange(T)[None, None, :] < lengths[None, :, None]).astype(jnp.float32)  # [1, G, T]
+    batch = batch.replace(completion_mask=jnp.broadcast_to(mask, (B, G, T)), rewards=jnp.ones((B, G)))
+    _, m, out = step(state, batch)
+    np.testing.assert_allclose(out["rewards"], np.tile([0.0, 0.5, 1.0, 1.0], (B, 1)), atol=1e-6)
+    assert float(m["reward/overlong"]) == pytest.approx(-1.5 / 4, abs=1e-6)
+    assert float(m["reward/correctness"]) == pytest.approx(1.0)
+    assert float(m["Performance/SuccessRate"]) == pytest.approx(1.0)  # success is the correctness reward
+    with pytest.raises(ValueError, match="max_len"):
+        make_train_step(
+            transformer_logits_fn(CFG), ObjectiveConfig(overlong_cache_len=2), make_optimizer(OptimConfig())
+        )
 
 
 def test_objective_validation_messages():
@@ -175,6 +226,6 @@ def test_tis_weights_are_logged_and_capped():
     batch = _batch(state.params)
     # behaviour log-probs 1 nat below the policy's: raw weight e ≈ 2.718 > C = 2 on every token
     batch = batch.replace(logp_sampler=batch.logp_sampler - 1.0)
-    _, m = step(state, batch)
+    _, m, _ = step(state, batch)
     np.testing.assert_allclose(m["tis/weight_mean"], 2.0, rtol=1e-5)
     np.testing.assert_allclose(m["tis/capped_frac"], 1.0)

@@ -18,7 +18,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from grpo_jax.codegen.problem import Problem
+from grpo_jax.problem import Problem
 from grpo_jax.sandbox.grading import split_assert
 
 MBPP_PATH = Path(__file__).resolve().parent.parent / "data" / "mbpp" / "mbpp.jsonl"

@@ -14,10 +14,11 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from grpo_jax.codegen import rewards as rewards_lib
-from grpo_jax.codegen.problem import Problem
+from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.codegen.passk import pass_at_k
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.core.metrics import pass_at_k
-from grpo_jax.sandbox.executor import Executor, jobs_for
+from grpo_jax.problem import Problem
+from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Verdict
 
 # sample_fn(prompt [b, P], prompt_mask [b, P], n, greedy) -> (tokens [b, n, T], mask [b, n, T])

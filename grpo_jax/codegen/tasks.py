@@ -47,7 +47,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from grpo_jax.codegen.problem import Problem, TestCase
+from grpo_jax.problem import Problem, TestCase
 
 LEVELS: tuple[int, ...] = (0, 1, 2, 3, 4)
 SPLITS: tuple[str, ...] = ("train", "heldout")

@@ -1,7 +1,13 @@
-"""Pure GRPO / PPO math: advantages, losses, controllers, metrics, presets (jit/vmap-safe, no I/O)."""
+"""Pure GRPO / PPO math: advantages, losses, controllers, metrics (jit/vmap-safe, no I/O).
+
+Named recipes (presets) are run-config values: grpo_jax.presets.
+
+pass@k is not here: it is host-side NumPy on evaluation counts, in `grpo_jax.codegen.passk` (NumPy only).
+"""
 
 from grpo_jax.core.advantages import (
     ADV_METHODS,
+    GROUP_ADV_METHODS,
     batch_std_scaled,
     compute_advantages,
     group_mean_only,
@@ -13,14 +19,16 @@ from grpo_jax.core.advantages import (
 )
 from grpo_jax.core.controllers import (
     CONTROLLER_KINDS,
-    SEED_EPOCH_SCHEDULE,
+    ENTROPY_CONTROLLERS,
+    KL_CONTROLLERS,
     CoefState,
     Controller,
-    SkyworkEntropyState,
+    ScheduleState,
     constant_controller,
     linear,
     make_controller,
     piecewise_constant,
+    piecewise_controller,
     ppo_adaptive_kl_controller,
     seed_entropy_controller,
     skywork_entropy_controller,
@@ -50,18 +58,11 @@ from grpo_jax.core.losses import (
     ppo_loss,
     soft_overlong_punishment,
 )
-from grpo_jax.core.metrics import (
-    global_norm,
-    masked_mean,
-    masked_std,
-    mean_pass_at_k,
-    pass_at_k,
-    pass_at_k_naive,
-)
-from grpo_jax.core.presets import PRESET_NAMES, PRESETS, ObjectivePreset, get_preset
+from grpo_jax.core.metrics import global_norm, masked_mean, masked_std
 
 __all__ = [
     "ADV_METHODS",
+    "GROUP_ADV_METHODS",
     "batch_std_scaled",
     "compute_advantages",
     "group_mean_only",
@@ -71,14 +72,16 @@ __all__ = [
     "scaled_baseline",
     "whiten",
     "CONTROLLER_KINDS",
-    "SEED_EPOCH_SCHEDULE",
+    "ENTROPY_CONTROLLERS",
     "CoefState",
     "Controller",
-    "SkyworkEntropyState",
+    "KL_CONTROLLERS",
+    "ScheduleState",
     "constant_controller",
     "linear",
     "make_controller",
     "piecewise_constant",
+    "piecewise_controller",
     "ppo_adaptive_kl_controller",
     "seed_entropy_controller",
     "skywork_entropy_controller",
@@ -108,11 +111,4 @@ __all__ = [
     "global_norm",
     "masked_mean",
     "masked_std",
-    "mean_pass_at_k",
-    "pass_at_k",
-    "pass_at_k_naive",
-    "PRESET_NAMES",
-    "PRESETS",
-    "ObjectivePreset",
-    "get_preset",
 ]

@@ -15,7 +15,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-ADV_METHODS = ("grpo", "dr_grpo", "rloo", "batch_std", "scaled_baseline")
+# estimators that need only the group's rewards (a run selects one: --adv_method); "scaled_baseline" also
+# needs an external per-prompt baseline (the run's pool baseline is --baseline=pool|mix on top of "grpo")
+GROUP_ADV_METHODS = ("grpo", "dr_grpo", "rloo", "batch_std")
+ADV_METHODS = (*GROUP_ADV_METHODS, "scaled_baseline")
 
 
 # ------------------------------------------------------------------------------------------------------------

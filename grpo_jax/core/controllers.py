@@ -1,50 +1,64 @@
 """Adaptive coefficient controllers and scalar schedules (GRPO_MATH.md §2, §3 rows 11–12, T9).
 
-Controllers are optax-style `Controller(init, update)` pairs over NamedTuple states of float32 scalars:
+Every controller is one `Controller(init, update, applied)` triple over a NamedTuple state of float32 scalars,
+called the same way whatever its kind (no duck typing):
 
     ctrl = make_controller("skywork_entropy", target=0.2)
     state = ctrl.init()
-    state = ctrl.update(state, measured_value)           # ziegler_kl: update(state, kl, n_steps)
-    coef = state.coef                                    # every state exposes the coefficient as `.coef`
+    coef = ctrl.applied(state, measured)                 # the coefficient THIS step uses (given this batch)
+    state = ctrl.update(state, measured, n_steps=n)      # the state for the NEXT step
+    state.coef                                           # every state exposes its current coefficient
 
-`update` is pure and uses only jnp.where (no Python branches on values), so it can sit inside the jitted train
-step and a changed coefficient never recompiles. The controller's constants (target, band, caps) are Python
-floats closed over at construction: they are configuration, not state. Every `update` also accepts an
-`n_steps` keyword (used only by the Ziegler controller) so a trainer can call all of them the same way.
+For most kinds `applied(state, x) == state.coef`; Skywork's adaptive entropy applies c·1[H ≤ target] (it
+depends on the batch's own entropy), and `piecewise` (a β schedule) ignores the measurement. `n_steps` is used
+only by the Ziegler controller. Everything is pure and uses only jnp.where (no Python branches on values), so
+it sits inside the jitted train step and a changed coefficient never recompiles. The constants (target, band,
+caps, schedule) are Python floats closed over at construction: configuration, not state.
 
 Schedules map a (possibly traced) integer step to a value: `piecewise_constant`, `linear`.
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+# kinds a run can select (grpo_jax.config.ControllerConfig); "piecewise" is the β schedule (--kl_schedule)
 CONTROLLER_KINDS = ("seed_entropy", "skywork_entropy", "ppo_adaptive_kl", "ziegler_kl", "constant")
+ENTROPY_CONTROLLERS = ("seed_entropy", "skywork_entropy")  # measure the policy entropy
+KL_CONTROLLERS = ("ppo_adaptive_kl", "ziegler_kl")  # measure the KL estimate
+
+
+def _current(state, measured=None):
+    del measured
+    return state.coef
 
 
 class Controller(NamedTuple):
-    """An (init, update) pair. init() -> state; update(state, value, n_steps=...) -> state."""
+    """init() -> state; applied(state, measured) -> this step's coefficient; update(state, measured,
+    n_steps=None) -> next state. `measures` names the signal `measured` must be: "entropy" (the batch's mean
+    policy entropy), "kl" (its mean KL estimate) or "none" (constant and schedules ignore it)."""
 
     init: Callable[[], Any]
     update: Callable[..., Any]
+    applied: Callable[..., jax.Array] = _current
+    measures: str = "none"
 
 
 class CoefState(NamedTuple):
-    """State of single-coefficient controllers (seed entropy, PPO adaptive KL, Ziegler KL, constant)."""
+    """State of the controllers: the current coefficient."""
 
     coef: jax.Array  # [] float32
 
 
-class SkyworkEntropyState(NamedTuple):
-    """State of the Skywork-OR1 adaptive entropy controller."""
+class ScheduleState(NamedTuple):
+    """State of the `piecewise` schedule: the coefficient of the current step and the step count."""
 
-    coef: jax.Array  # [] the coefficient c_{k+1} for the NEXT step
-    applied: jax.Array  # [] the coefficient applied THIS step: c_k if H_k <= target else 0
+    coef: jax.Array  # [] float32
+    t: jax.Array  # [] int32 updates so far
 
 
 def _scalar(x) -> jax.Array:
@@ -87,7 +101,7 @@ def seed_entropy_controller(
         c_new = jnp.where(h < low * target, raised, jnp.where(h > high * target, lowered, c))
         return CoefState(coef=c_new)
 
-    return Controller(init, update)
+    return Controller(init, update, measures="entropy")
 
 
 def skywork_entropy_controller(
@@ -103,25 +117,25 @@ def skywork_entropy_controller(
         applied_k = c_k · 1[H_k <= target]                               (coefficient used at step k)
         c_{k+1}   = clip(c_k + Δ·sign(target − H_k), min_coef, max_coef)
 
-    update(state, H) -> state with `applied` (this step's coefficient) and `coef` (next step's).
+    `applied(state, H)` is this step's coefficient, `update(state, H).coef` the next step's.
     T9 (c=0.01, target=0.2, Δ=0.005): H=0.15 -> (0.01, 0.015); H=0.3 -> (0.0, 0.005).
     """
 
-    def init() -> SkyworkEntropyState:
-        return SkyworkEntropyState(coef=_scalar(init_coef), applied=_scalar(init_coef))
+    def init() -> CoefState:
+        return CoefState(coef=_scalar(init_coef))
 
-    def update(state: SkyworkEntropyState, entropy, n_steps=None) -> SkyworkEntropyState:
+    def applied(state: CoefState, entropy) -> jax.Array:
+        return jnp.where(_scalar(entropy) <= target, _scalar(state.coef), 0.0)
+
+    def update(state: CoefState, entropy, n_steps=None) -> CoefState:
         del n_steps
         c = _scalar(state.coef)
-        h = _scalar(entropy)
-        applied = jnp.where(h <= target, c, 0.0)
-        c_new = c + delta * jnp.sign(target - h)
-        c_new = jnp.maximum(c_new, min_coef)
+        c_new = jnp.maximum(c + delta * jnp.sign(target - _scalar(entropy)), min_coef)
         if max_coef is not None:
             c_new = jnp.minimum(c_new, max_coef)
-        return SkyworkEntropyState(coef=c_new, applied=applied)
+        return CoefState(coef=c_new)
 
-    return Controller(init, update)
+    return Controller(init, update, applied, measures="entropy")
 
 
 def ppo_adaptive_kl_controller(init_coef: float = 1.0, target: float = 0.01) -> Controller:
@@ -142,17 +156,18 @@ def ppo_adaptive_kl_controller(init_coef: float = 1.0, target: float = 0.01) -> 
         c_new = jnp.where(d < target / 1.5, c / 2.0, jnp.where(d > target * 1.5, c * 2.0, c))
         return CoefState(coef=c_new)
 
-    return Controller(init, update)
+    return Controller(init, update, measures="kl")
 
 
-def ziegler_kl_controller(init_coef: float, target: float, horizon: int) -> Controller:
+def ziegler_kl_controller(init_coef: float = 0.05, target: float = 6.0, horizon: int = 10000) -> Controller:
     """Proportional KL controller (Ziegler et al. 2019, arXiv 1909.08593; verl/TRL AdaptiveKLController;
     GRPO_MATH.md T9):
 
         e = clip(KL/target − 1, −0.2, 0.2)          β ← β · (1 + e · n_steps / horizon)
 
-    update(state, kl, n_steps). T9 (β=0.1, target=6, horizon=10000, n=256): KL=9 -> 0.100512;
-    KL=5 -> 0.099573.
+    update(state, kl, n_steps). Defaults are TRL PPOConfig's (init 0.05, target 6, horizon 10000); note that
+    target 6 is a sequence-summed KL in nats, while GRPO's logged `kl` is a per-token mean: set the target to
+    the scale you measure. T9 (β=0.1, target=6, horizon=10000, n=256): KL=9 -> 0.100512; KL=5 -> 0.099573.
     """
     if horizon <= 0 or target <= 0:
         raise ValueError(
@@ -167,7 +182,7 @@ def ziegler_kl_controller(init_coef: float, target: float, horizon: int) -> Cont
         e = jnp.clip(_scalar(kl) / target - 1.0, -0.2, 0.2)
         return CoefState(coef=c * (1.0 + e * _scalar(n_steps) / horizon))
 
-    return Controller(init, update)
+    return Controller(init, update, measures="kl")
 
 
 def constant_controller(coef: float | None = None, *, init_coef: float | None = None) -> Controller:
@@ -189,19 +204,38 @@ def constant_controller(coef: float | None = None, *, init_coef: float | None = 
     return Controller(init, update)
 
 
+def piecewise_controller(boundaries: Sequence[int], values: Sequence[float]) -> Controller:
+    """A coefficient schedule as a controller (the seed's β 0.03 -> 0.01 -> 0.005, GRPO_MATH §3 row 12):
+    coefficient `piecewise_constant(boundaries, values)(t)` at update t (t = train steps done, counted in the
+    state so a resumed run continues it). The measurement is ignored. Values are data of the compiled step:
+    the coefficient changes without recompiling."""
+    sched = piecewise_constant(boundaries, values)
+
+    def init() -> ScheduleState:
+        return ScheduleState(coef=_scalar(sched(0)), t=jnp.int32(0))
+
+    def update(state: ScheduleState, value=None, n_steps=None) -> ScheduleState:
+        del value, n_steps
+        t = state.t + 1
+        return ScheduleState(coef=_scalar(sched(t)), t=t)
+
+    return Controller(init, update)
+
+
 _FACTORIES = {
     "seed_entropy": seed_entropy_controller,
     "skywork_entropy": skywork_entropy_controller,
     "ppo_adaptive_kl": ppo_adaptive_kl_controller,
     "ziegler_kl": ziegler_kl_controller,
     "constant": constant_controller,
+    "piecewise": piecewise_controller,
 }
 
 
 def make_controller(kind: str, **kwargs) -> Controller:
-    """Build a controller by name: one of CONTROLLER_KINDS; kwargs go to the matching factory."""
+    """Build a controller by name: one of CONTROLLER_KINDS or "piecewise"; kwargs go to the factory."""
     if kind not in _FACTORIES:
-        raise ValueError(f"make_controller: unknown kind {kind!r}; valid kinds are {CONTROLLER_KINDS}.")
+        raise ValueError(f"make_controller: unknown kind {kind!r}; valid kinds are {tuple(_FACTORIES)}.")
     return _FACTORIES[kind](**kwargs)
 
 
@@ -248,16 +282,3 @@ def linear(start: float, end: float, steps: int) -> Callable[[Any], jax.Array]:
         return jnp.float32(start) + (jnp.float32(end) - jnp.float32(start)) * frac
 
     return schedule
-
-
-# The seed document's staged schedule (GRPO_MATH.md §3 row 12; invented there, harmless, NOT a default):
-# β 0.03 for epochs [0, 100), 0.01 for [100, 500), 0.005 from 500; pool size K 8 / 16 / 32 at the same
-# boundaries. The seed calls β its "entropy regularisation coefficient" though it multiplies a KL term
-# (§3 row 3).
-# Each entry is a (boundaries, values) tuple for `piecewise_constant`.
-SEED_EPOCH_SCHEDULE = types.MappingProxyType(
-    {
-        "beta": ((100, 500), (0.03, 0.01, 0.005)),
-        "pool_size": ((100, 500), (8, 16, 32)),
-    }
-)

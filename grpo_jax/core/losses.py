@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.core.metrics import masked_mean
+from grpo_jax.errors import fail
 
 sg = jax.lax.stop_gradient
 
@@ -260,72 +261,95 @@ def soft_overlong_punishment(lengths: jax.Array, *, max_len: int, cache_len: int
 class GRPOLossConfig:
     """Static configuration of `grpo_loss` (frozen and hashable: usable as a static jit argument).
 
-    eps_low, eps_high: clip range [1 − eps_low, 1 + eps_high] (DAPO clip-higher 0.2 / 0.28; GSPO 3e-4/4e-4).
-    dual_clip: None or c > 1 (Ye et al. 2020). delta: None or δ > 1, two-sided clip ρ ← min(ρ, δ) (TRL).
-    kl_estimator: "k1" | "k2" | "k3" (canonical GRPO: k3, DeepSeekMath eq. 4).
-    kl_anchor: "ref" (canonical: KL to the frozen π_ref) | "old" (the seed document's formula
-        J = E[Q − β log(π_θ/π_old)]: the KL is taken to π_old; labelled as the seed's, not canonical GRPO).
-    kl_bias_correction: TRL `use_bias_correction_kl`: the per-token KL is multiplied by the differentiable
-        token ratio ρ = exp(logp − sg(logp_old)) because tokens were sampled from π_old (on in TRL 1.16,
-        §1.9).
-    aggregation: see `aggregate`. max_len: the configured max completion length (required by "constant").
-    importance_level: "token" (GRPO) | "sequence" (GSPO: one ratio s_i per sequence, one clip decision) |
-        "sequence_token" (GSPO-token: s_{i,t} = sg[s_i]·exp(logp − sg(logp)), clipped per token).
-    tis_cap: None or C > 0: truncated importance sampling for off-policy rollouts (TRL
-        vllm_importance_sampling): the surrogate of each token is multiplied by
-        sg(min(exp(logp_old − logp_behaviour), C)).
+    Each field's meaning is in its `help` metadata (also the text of the command-line flag that sets it,
+    grpo_jax.cli). `max_len` is the configured max completion length L of the "constant" aggregation; the run
+    config derives it from the rollout's max_new_tokens (grpo_jax.config.RunConfig), and `aggregate` raises
+    if "constant" is used without it. A bad value raises grpo_jax.errors.ConfigError naming the field.
     """
 
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float | None = None
-    delta: float | None = None
-    kl_estimator: str = "k3"
-    kl_anchor: str = "ref"
-    kl_bias_correction: bool = False
-    aggregation: str = "seq_mean_token_mean"
-    max_len: int | None = None
-    importance_level: str = "token"
-    tis_cap: float | None = None
+    eps_low: float = dataclasses.field(
+        default=0.2, metadata={"help": "Clip range below 1: clip(ρ, 1 − eps_low, 1 + eps_high)."}
+    )
+    eps_high: float = dataclasses.field(
+        default=0.2, metadata={"help": "Clip range above 1 (DAPO clip-higher: 0.28; GSPO: 4e-4)."}
+    )
+    dual_clip: float | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Dual clip c > 1 (Ye et al. 2020): for A < 0 the objective is max(J, c·A); none = off."
+        },
+    )
+    delta: float | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Two-sided clip δ > 1 (INTELLECT-2 / TRL delta): the unclipped ratio is min(ρ, δ); "
+            "none = off."
+        },
+    )
+    kl_estimator: str = dataclasses.field(
+        default="k3", metadata={"help": f"KL estimator, one of {', '.join(KL_KINDS)} (DeepSeekMath: k3)."}
+    )
+    kl_anchor: str = dataclasses.field(
+        default="ref",
+        metadata={
+            "help": "KL anchor: ref (canonical GRPO, the frozen π_ref) or old (the seed document's KL to "
+            "π_old; identically zero unless μ = num_iterations > 1)."
+        },
+    )
+    kl_bias_correction: bool = dataclasses.field(
+        default=False,
+        metadata={
+            "help": "TRL use_bias_correction_kl: multiply the per-token KL by ρ = exp(logp − sg(logp_old))."
+        },
+    )
+    aggregation: str = dataclasses.field(
+        default="seq_mean_token_mean",
+        metadata={
+            "help": "Loss aggregation: seq_mean_token_mean (GRPO), token_mean (DAPO), constant (Dr. GRPO, "
+            "1/(N·L) with L = --max_new_tokens), seq_mean (GSPO)."
+        },
+    )
+    max_len: int | None = dataclasses.field(
+        default=None, metadata={"derived": "the rollout's max_new_tokens (Dr. GRPO's L)"}
+    )
+    importance_level: str = dataclasses.field(
+        default="token",
+        metadata={
+            "help": "Importance ratio: token (GRPO), sequence (GSPO: one ratio and clip per sequence) or "
+            "sequence_token (GSPO-token)."
+        },
+    )
+    tis_cap: float | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "Truncated importance sampling cap C > 0 for off-policy rollouts (replay, async): "
+            "each token's surrogate is weighted by sg(min(π_old/π_behaviour, C)); none = off."
+        },
+    )
 
     def __post_init__(self):
         if not (_is_real(self.eps_low) and self.eps_low >= 0):
-            raise ValueError(f"GRPOLossConfig.eps_low must be a number >= 0; got {self.eps_low!r}.")
+            fail(self, "eps_low", "must be a number >= 0")
         if not (_is_real(self.eps_high) and self.eps_high >= 0):
-            raise ValueError(f"GRPOLossConfig.eps_high must be a number >= 0; got {self.eps_high!r}.")
+            fail(self, "eps_high", "must be a number >= 0")
         if self.dual_clip is not None and not (_is_real(self.dual_clip) and self.dual_clip > 1):
-            raise ValueError(
-                f"GRPOLossConfig.dual_clip must be None or a number > 1; got {self.dual_clip!r}."
-            )
+            fail(self, "dual_clip", "must be none (off) or a number > 1")
         if self.delta is not None and not (_is_real(self.delta) and self.delta > 1):
-            raise ValueError(f"GRPOLossConfig.delta must be None or a number > 1; got {self.delta!r}.")
+            fail(self, "delta", "must be none (off) or a number > 1")
         if self.kl_estimator not in KL_KINDS:
-            raise ValueError(
-                f"GRPOLossConfig.kl_estimator must be one of {KL_KINDS}; got {self.kl_estimator!r}."
-            )
+            fail(self, "kl_estimator", f"valid: {', '.join(KL_KINDS)}")
         if self.kl_anchor not in KL_ANCHORS:
-            raise ValueError(f"GRPOLossConfig.kl_anchor must be one of {KL_ANCHORS}; got {self.kl_anchor!r}.")
+            fail(self, "kl_anchor", f"valid: {', '.join(KL_ANCHORS)}")
         if not isinstance(self.kl_bias_correction, bool):
-            raise ValueError(
-                f"GRPOLossConfig.kl_bias_correction must be True or False; got {self.kl_bias_correction!r}."
-            )
+            fail(self, "kl_bias_correction", "must be True or False")
         if self.aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"GRPOLossConfig.aggregation must be one of {AGGREGATIONS}; got {self.aggregation!r}."
-            )
+            fail(self, "aggregation", f"valid: {', '.join(AGGREGATIONS)}")
         if self.max_len is not None and not (_is_int(self.max_len) and self.max_len > 0):
-            raise ValueError(f"GRPOLossConfig.max_len must be None or a positive int; got {self.max_len!r}.")
-        if self.aggregation == "constant" and self.max_len is None:
-            raise ValueError(
-                "GRPOLossConfig.max_len must be set (a positive int) when aggregation='constant'."
-            )
+            fail(self, "max_len", "must be none or a positive int")
         if self.importance_level not in IMPORTANCE_LEVELS:
-            raise ValueError(
-                f"GRPOLossConfig.importance_level must be one of {IMPORTANCE_LEVELS}; "
-                f"got {self.importance_level!r}."
-            )
+            fail(self, "importance_level", f"valid: {', '.join(IMPORTANCE_LEVELS)}")
         if self.tis_cap is not None and not (_is_real(self.tis_cap) and self.tis_cap > 0):
-            raise ValueError(f"GRPOLossConfig.tis_cap must be None or a number > 0; got {self.tis_cap!r}.")
+            fail(self, "tis_cap", "must be none (off) or a number > 0")
 
 
 class PerTokenTerms(NamedTuple):

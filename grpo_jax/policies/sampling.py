@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.types import SampleOutput
 
 
 class SamplingParams(NamedTuple):
@@ -41,14 +42,6 @@ def sampling_params(temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
     return SamplingParams(
         jnp.asarray(temperature, jnp.float32), jnp.asarray(top_k, jnp.int32), jnp.asarray(top_p, jnp.float32)
     )
-
-
-class SampleOutput(NamedTuple):
-    tokens: jax.Array  # [B, G, T] int32, pad_id after EOS
-    logp: jax.Array  # [B, G, T] float32, 0 where mask is 0
-    mask: jax.Array  # [B, G, T] float32, 1 for sampled tokens up to and including EOS
-    lengths: jax.Array  # [B, G] int32
-    truncated: jax.Array  # [B, G] bool: no EOS within T tokens
 
 
 def filter_logits(logits: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:

@@ -25,7 +25,6 @@ import threading
 import time
 from collections.abc import Sequence
 
-from grpo_jax.codegen.problem import Problem
 from grpo_jax.sandbox import grading, isolation
 from grpo_jax.sandbox.types import Job, Limits, Status, Verdict
 
@@ -523,32 +522,3 @@ class Executor:
     # test hook: the pids of the zygotes (to kill one mid-batch in the crash test)
     def _zygote_pids(self) -> list[int]:
         return [s.proc.pid for s in self._slots if s.proc is not None]
-
-
-def jobs_for(
-    problems: Sequence[Problem], completions: Sequence[str], limits: Limits | None = None
-) -> list[Job]:
-    """One Job per (problem, completion) pair. `completions` may also be a multiple of len(problems): then
-    each problem is repeated for its consecutive group of completions (GRPO groups)."""
-    problems = list(problems)
-    completions = list(completions)
-    if not problems:
-        if completions:
-            raise ValueError("completions given but no problems")
-        return []
-    if len(completions) % len(problems) != 0:
-        raise ValueError(f"{len(completions)} completions for {len(problems)} problems")
-    g = len(completions) // len(problems)
-    jobs = []
-    for j, c in enumerate(completions):
-        p = problems[j // g]
-        jobs.append(
-            Job(
-                program=p.program_for(c),
-                tests=tuple(p.tests),
-                child_check=p.child_check,
-                setup_code=p.setup_code,
-                limits=limits,
-            )
-        )
-    return jobs

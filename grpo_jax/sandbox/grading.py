@@ -20,8 +20,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from grpo_jax.codegen.problem import TestCase
-from grpo_jax.sandbox.types import Status, TestResult, Verdict
+from grpo_jax.sandbox.types import Status, TestCase, TestResult, Verdict
 
 MAX_DEPTH = 100
 MAX_RECORDS = 100_000

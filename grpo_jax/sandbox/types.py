@@ -1,4 +1,7 @@
-"""The executor's public data types: what goes in (`Job`), what comes out (`Verdict`).
+"""The executor's public data types: what goes in (`Job` with its `TestCase`s), what comes out (`Verdict`).
+
+Stdlib only: this module imports nothing of grpo_jax (the problem type, `grpo_jax.problem.Problem`, builds on
+`TestCase` from here, never the other way round).
 
 The contract (SANDBOX.md §3): `Executor.run(jobs)` returns exactly one `Verdict` per job, in order, and never
 raises. `passed` is True only if every parent-graded test returned a value equal (type-strictly) to its
@@ -10,8 +13,26 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Any
 
-from grpo_jax.codegen.problem import TestCase
+
+@dataclasses.dataclass(frozen=True)
+class TestCase:
+    """One parent-graded test: `assert {call} == {expected!r}`.
+
+    `call` (a Python expression) is the only part sent to the sandboxed child, which evaluates it after the
+    program ran; `expected` is plain data (None, bool, int, float, str, list, tuple, dict of those) that never
+    leaves the parent, which compares the child's returned value to it type-strictly (bool is not int).
+    `float_tol` > 0 allows |got - expected| <= tol for floats (only where the task says so); otherwise the
+    comparison is exact. `source` is the original assert text, for reports.
+    """
+
+    __test__ = False  # not a pytest test class
+
+    call: str
+    expected: Any
+    source: str = ""
+    float_tol: float = 0.0
 
 
 class Status(enum.StrEnum):

@@ -395,6 +395,21 @@ class PassRateTable:
             if levels is not None:
                 e["level"] = _to_jsonable(levels[i])
 
+    @classmethod
+    def from_counts(cls, task_ids: Sequence[str], attempts, passes, levels: Sequence[Any] | None = None):
+        """A table from per-task counts (e.g. the rollout state's ProblemStats); tasks never attempted are
+        left out."""
+        t = cls()
+        att, pas = np.asarray(attempts).reshape(-1), np.asarray(passes).reshape(-1)
+        for i, task in enumerate(task_ids):
+            if att[i] > 0:
+                t._tasks[str(task)] = {
+                    "attempts": int(att[i]),
+                    "passes": int(pas[i]),
+                    "level": None if levels is None else _to_jsonable(levels[i]),
+                }
+        return t
+
     def rows(self, top: int | None = None) -> list[dict]:
         """Sorted by pass rate (highest first), then attempts (most first), then task id."""
         out = []

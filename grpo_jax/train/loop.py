@@ -1,160 +1,418 @@
-"""The code-generation run: SFT warm start, then GRPO on sandboxed rewards, with evaluation, logging and
-checkpoints. Host loop only — no math here (that is grpo_jax.core and grpo_jax.train.step).
+"""The code-generation run in phases: set-up / resume, warm start, GRPO steps, evaluation, finish.
 
-    executor = Executor(...)                       # started before JAX is used
-    results = run(cfg, executor)                   # cfg: CodegenConfig
+    executor = Executor(...)                        # the sandbox, started by the caller
+    results = run(cfg, executor)                    # cfg: grpo_jax.config.RunConfig
 
-One GRPO step: the rollout (grpo_jax.train.rollout: choose B problems with the step's "data" key -> sample G
-completions each with the "sample" key -> sandbox -> rewards; optionally curriculum, replay, dynamic sampling,
-the pool baseline) -> `train_step` (rollout-side state stripped off) -> pool push -> log. With async rewards
-the rollout of step t+1 runs in a worker thread while step t trains. Evaluation (held-out pass@1 greedy,
-pass@k sampled) runs after SFT, every `eval_every` steps and at the end, with the "eval" stream, so it never
-changes the training trajectory.
+    setup(cfg, executor)   tasks, tokenizer, model, optimizer, checkpointer, rollout, samplers; the latest
+                           checkpoint restored (RunState + host JSON) when the workdir holds one
+    warm_start(run)        model init, SFT, LoRA adapters over the frozen base, evaluation after SFT, step 0
+    train(run, state)      GRPO steps until cfg.steps (or a signal): checkpoints, periodic evaluation
+      grpo_step            rollout.produce -> train_step -> rollout.settle -> log
+    evaluate(run, state)   held-out pass@1 greedy and pass@k sampled (the "eval" stream: the training
+                           trajectory never depends on it)
+    finish(run, state)     final evaluation, pass-rate table, results.json
 
-Resume: the workdir's latest checkpoint holds the whole TrainState (params, optimizer, controllers, reference,
-PRNG streams, step, pool, curriculum, replay, the pending async rollout) plus host state (results so far,
-per-problem pass table, config); every per-step random choice is a function of (streams, step), so a run
-killed at any point and restarted ends bit-identical to an uninterrupted run (tests/test_codegen_e2e.py).
+Host loop only, no math (grpo_jax.core, grpo_jax.train.step). Resume: the RunState (train state, rollout
+state, frozen base) and host JSON (results so far, the rollout's host part, the config) are checkpointed
+together; every random choice is a named key of (stream, step), so a run killed at any point and restarted
+ends bit-identical to an uninterrupted one (tests/test_codegen_e2e.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import pool
+from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline, tasks
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.config import LoRAConfig, ObjectiveConfig, OptimConfig, PoolConfig, RolloutConfig
-from grpo_jax.curriculum import CurriculumConfig
+from grpo_jax.config import RESUMABLE_CHANGES, OptimConfig, RunConfig
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.train import sft
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
-from grpo_jax.train.pool_host import PoolRuntime
-from grpo_jax.train.rollout import Rollout, RolloutView, RolloutWorker, empty_batch
-from grpo_jax.train.state import TrainState, init_state, make_optimizer, rng_streams
-from grpo_jax.train.step import advantages, make_train_step, transformer_logits_fn
+from grpo_jax.train.rollout import make_rollout
+from grpo_jax.train.state import RunState, init_state, make_optimizer
+from grpo_jax.train.step import make_train_step, transformer_logits_fn
+
+CONSOLE_KEYS = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
 
 
-# fields that may change between a run and its resumption (they do not change the trajectory's meaning)
 class RunConfigError(ValueError):
     """The run cannot start as configured (e.g. the workdir holds a different run)."""
 
 
-RESUMABLE_CHANGES = (
-    "workdir",
-    "resume",
-    "steps",
-    "eval_every",
-    "checkpoint_every",
-    "log_every",
-    "sample_log_every",
-)
+@dataclasses.dataclass
+class Run:
+    """Everything one process builds once for a run (host objects; the RunState is separate)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class CodegenConfig:
-    workdir: str
+    cfg: RunConfig
+    executor: Executor
+    tok: CodeTokenizer
     model: tfm.TransformerConfig
-    objective: ObjectiveConfig = ObjectiveConfig()
-    optim: OptimConfig = OptimConfig(learning_rate=1e-4)
-    rollout: RolloutConfig = RolloutConfig(group_size=8, max_new_tokens=24)
-    pool: PoolConfig = PoolConfig()
-    lora: LoRAConfig = LoRAConfig()
-    # sparse-reward machinery (grpo_jax.train.rollout); every mechanism off by default
-    curriculum: CurriculumConfig = CurriculumConfig()
-    dynamic_sampling: bool = False  # DAPO: refill groups with all-equal rewards
-    dynamic_max_rounds: int = 3  # extra sampling rounds at most per step
-    replay_fraction: float = 0.0  # fraction of the B prompts whose G-th member is a replayed success
-    replay_capacity: int = 1024
-    replay_alpha: float = 1.0  # priority (1 - s(q) + eps) ** alpha
-    async_rewards: bool = False  # grade step t+1 in the sandbox while the device trains on step t
-    seed: int = 0
-    # task suite
-    sft_levels: tuple[int, ...] = (0, 1)
-    rl_levels: tuple[int, ...] = (0, 1)
-    eval_levels: tuple[int, ...] = (0, 1)
-    train_per_level: int = 300
-    heldout_per_level: int = 40
-    prompt_len: int = 64
-    # SFT warm start
-    sft_steps: int = 300
-    sft_batch: int = 32
-    sft_lr: float = 3e-3
-    # GRPO
-    steps: int = 50
-    prompts_per_step: int = 8
-    # evaluation
-    eval_every: int = 0  # 0: only after SFT and at the end
-    eval_samples: int = 8
-    eval_ks: tuple[int, ...] = (1, 8)
-    eval_batch: int = 16
-    # checkpoints and logging
-    checkpoint_every: int = 25
-    keep_checkpoints: int = 2
-    log_every: int = 1
-    sample_log_every: int = 10
-    # sandbox
-    sandbox_wall_s: float = 2.0
-    sandbox_deadline_s: float = 120.0
-    resume: bool = True  # continue from the workdir's latest checkpoint
+    sft_problems: list
+    rl_problems: list
+    heldout: list
+    optimizer: Any
+    param_fn: Callable | None
+    ckpt: Checkpointer
+    rollout: Any
+    train_step: Callable
+    print: Callable[[str], None]
+    notes: Sequence[str]
+    logger: MetricsLogger | None = None
+    results: dict = dataclasses.field(default_factory=dict)
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    step_times: list = dataclasses.field(default_factory=list)
 
-    def __post_init__(self):
-        def bad(field, why):
-            raise ValueError(f"{field}={getattr(self, field)!r}: {why}")
 
-        for f in ("sft_levels", "rl_levels", "eval_levels"):
-            levels = getattr(self, f)
-            if not levels or any(lv not in tasks.LEVELS for lv in levels):
-                bad(f, f"must be a non-empty subset of {tuple(tasks.LEVELS)}")
-        for f in ("train_per_level", "heldout_per_level", "prompt_len", "sft_batch", "prompts_per_step"):
-            if getattr(self, f) < 1:
-                bad(f, "must be >= 1")
-        for f in ("sft_steps", "steps", "eval_every", "checkpoint_every", "sample_log_every"):
-            if getattr(self, f) < 0:
-                bad(f, "must be >= 0")
-        if self.log_every < 1:
-            bad("log_every", "must be >= 1")
-        if self.sft_lr <= 0:
-            bad("sft_lr", "must be > 0")
-        if self.eval_samples < 1 or any(k < 1 or k > self.eval_samples for k in self.eval_ks):
-            bad("eval_ks", f"every k must be in [1, eval_samples={self.eval_samples}]")
-        if self.prompts_per_step > self.train_per_level * len(self.rl_levels):
-            bad("prompts_per_step", "must not exceed the number of RL training problems")
-        if self.sandbox_wall_s <= 0 or self.sandbox_deadline_s <= 0:
-            bad("sandbox_wall_s", "sandbox_wall_s and sandbox_deadline_s must be > 0")
-        if self.model.vocab_size != CodeTokenizer().vocab_size:
-            bad("model", f"vocab_size must be the tokenizer's ({CodeTokenizer().vocab_size})")
-        if not 0 <= self.replay_fraction < 1:
-            bad("replay_fraction", "must be in [0, 1)")
-        if self.replay_fraction > 0 and self.replay_capacity < self.prompts_per_step:
-            bad("replay_capacity", f"must be >= prompts_per_step={self.prompts_per_step}")
-        if self.dynamic_max_rounds < 0:
-            bad("dynamic_max_rounds", "must be >= 0")
-        if (self.replay_fraction > 0 or self.async_rewards) and self.objective.loss.tis_cap is None:
-            bad(
-                "objective",
-                "replayed and asynchronous rollouts are off-policy: set the truncated importance-sampling "
-                "cap (--tis_cap, e.g. 2.0)",
-            )
-        if self.objective.baseline != "group" and not self.pool.enabled:
-            bad("objective", f"baseline={self.objective.baseline!r} needs a policy pool (pool capacity > 0)")
+def run(cfg: RunConfig, executor: Executor, print_fn: Callable[[str], None] = print, notes=()) -> dict:
+    """The whole run; returns the results dict (also written to workdir/results.json)."""
+    r, state = setup(cfg, executor, print_fn, notes)
+    try:
+        if state is None:
+            state = warm_start(r)
+        state, interrupted = train(r, state)
+        return r.results if interrupted else finish(r, state)
+    finally:
+        _close(r)
 
-    def to_json(self) -> dict:
-        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+def _close(r: Run) -> None:
+    r.rollout.close()
+    r.ckpt.close()
+    if r.logger is not None:
+        r.logger.close()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# set-up / resume
+# ------------------------------------------------------------------------------------------------------------
+
+
+def setup(cfg: RunConfig, executor: Executor, print_fn, notes) -> tuple[Run, RunState | None]:
+    """Build the run's host objects; restore the workdir's latest checkpoint if there is one."""
+    t = cfg.tasks
+    split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
+    sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
+    rl_p = tasks.make_split("train", levels=t.rl_levels, **split)
+    heldout = tasks.make_split(
+        "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
+    )
+    tok = CodeTokenizer()
+    model = model_config(cfg, tok)
+    print_fn(
+        f"task suite: {len(sft_p)} SFT / {len(rl_p)} RL training problems (levels {t.sft_levels} / "
+        f"{t.rl_levels}), {len(heldout)} held-out (levels {t.eval_levels}); sandbox tier {executor.tier}"
+    )
+    param_fn = None
+    if cfg.lora.enabled:
+
+        def param_fn(adapters, base):
+            return lora.merge(jax.lax.stop_gradient(base), adapters, alpha=cfg.lora.alpha)
+
+    optimizer = make_optimizer(cfg.optim)
+    os.makedirs(cfg.workdir, exist_ok=True)
+    ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.checkpoint.keep)
+    train_step = make_train_step(
+        transformer_logits_fn(model),
+        cfg.objective,
+        optimizer,
+        temperature=cfg.rollout.temperature,
+        param_fn=param_fn,
+    )
+    rollout = make_rollout(cfg, tok, executor, rl_p, model, param_fn)
+    r = Run(
+        cfg,
+        executor,
+        tok,
+        model,
+        sft_p,
+        rl_p,
+        heldout,
+        optimizer,
+        param_fn,
+        ckpt,
+        rollout,
+        train_step,
+        print_fn,
+        tuple(notes),
+    )
+    try:
+        state = _restore(r)
+    except BaseException:
+        _close(r)
+        raise
+    run_info = {"config": cfg.to_json(), "tokenizer": tok.fingerprint(), "notes": list(r.notes)}
+    purge = None if state is None else int(state.train.step) + 1
+    r.logger = MetricsLogger(cfg.workdir, run_info=run_info, purge_step=purge)
+    return r, state
+
+
+def model_config(cfg: RunConfig, tok: CodeTokenizer) -> tfm.TransformerConfig:
+    """The transformer of the run: cfg.model's shape over the tokenizer's vocabulary."""
+    m = cfg.model
+    return tfm.TransformerConfig(
+        vocab_size=tok.vocab_size,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        n_kv_heads=m.n_kv_heads,
+        d_ff=m.d_ff,
+        qkv_bias=m.qkv_bias,
+        tie_embeddings=m.tie_embeddings,
+        compute_dtype=m.compute_dtype,
+    )
+
+
+def fresh_state(r: Run, params: Any) -> RunState:
+    """The GRPO RunState that starts from `params` (the SFT policy): LoRA adapters (B = 0) over the frozen
+    base when LoRA is on, the rollout's state (pool shaped like the trainable parameters, curriculum, ...)."""
+    frozen = None
+    if r.cfg.lora.enabled:
+        key = rng_lib.derive(rng_lib.streams(r.cfg.seed)["init"], "lora")
+        frozen, params = params, lora.init(params, key, rank=r.cfg.lora.rank, targets=r.cfg.lora.targets)
+    train = init_state(params, r.cfg.objective, r.optimizer, seed=r.cfg.seed)
+    return RunState(train=train, rollout=r.rollout.init_state(params), frozen=frozen)
+
+
+def _restore(r: Run) -> RunState | None:
+    latest = r.ckpt.latest_step()
+    if latest is None:
+        return None
+    if not r.cfg.resume:
+        raise RunConfigError(
+            f"workdir {r.cfg.workdir} already holds checkpoints (latest step {latest}) and resume is off: "
+            "use a new --workdir, or drop --noresume to continue that run"
+        )
+    template = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
+    try:
+        state, host = r.ckpt.restore(template, latest)
+    except CheckpointMismatchError as e:
+        raise RunConfigError(f"the workdir {r.cfg.workdir} holds a run with a different model: {e}") from None
+    _check_resumable(r.cfg, host["config"])
+    r.results = host["results"]
+    r.rollout.load_host_state(host.get("rollout", {}))
+    r.rollout.bind(state.frozen)
+    r.print(f"resumed from {r.ckpt.directory} at GRPO step {int(state.train.step)}")
+    return state
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
+def _check_resumable(cfg: RunConfig, saved: dict) -> None:
+    now, old = _flat(cfg.to_json()), _flat(saved)
+    diff = sorted(k for k in set(now) | set(old) if k not in RESUMABLE_CHANGES and now.get(k) != old.get(k))
+    if diff:
+        raise RunConfigError(
+            f"the workdir {cfg.workdir} holds a run with a different configuration ({', '.join(diff)}); "
+            "use a new --workdir or --noresume"
+        )
+
+
+def _save(r: Run, state: RunState) -> None:
+    host = {"config": r.cfg.to_json(), "results": r.results, "rollout": r.rollout.host_state()}
+    r.ckpt.save(int(state.train.step), state, host, force=True)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# warm start
+# ------------------------------------------------------------------------------------------------------------
+
+
+def warm_start(r: Run) -> RunState:
+    """Model init and SFT on the reference solutions, the GRPO state over them, evaluation, checkpoint 0."""
+    cfg, streams = r.cfg, rng_lib.streams(r.cfg.seed)
+    params = tfm.init_params(r.model, rng_lib.derive(streams["init"], "model"))
+    t = time.perf_counter()
+    data = pipeline.sft_examples(r.tok, r.sft_problems, cfg.tasks.prompt_len, cfg.rollout.max_new_tokens)
+    warmup = min(cfg.sft.warmup_steps, cfg.sft.steps)
+    sft_opt = make_optimizer(OptimConfig(learning_rate=cfg.sft.lr, warmup_steps=warmup))
+    params, hist = sft.sft_train(
+        params,
+        r.model,
+        sft_opt,
+        data,
+        steps=cfg.sft.steps,
+        batch_size=cfg.sft.batch,
+        key=streams["sft"],
+        log_every=max(1, cfg.sft.steps // 5) if cfg.sft.steps else 0,
+        print_fn=r.print,
+    )
+    r.results["sft_seconds"] = time.perf_counter() - t
+    if hist:
+        r.results["sft_final_loss"] = hist[-1]["loss"]
+    state = fresh_state(r, params)
+    r.rollout.bind(state.frozen)
+    if cfg.lora.enabled:
+        n_ad, n_all = lora.num_params(state.train.params), lora.num_params(state.frozen)
+        r.print(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
+    r.results["sft"] = evaluate(r, state, "after SFT")
+    _save(r, state)
+    return state
+
+
+# ------------------------------------------------------------------------------------------------------------
+# GRPO
+# ------------------------------------------------------------------------------------------------------------
+
+
+def train(r: Run, state: RunState) -> tuple[RunState, bool]:
+    """GRPO steps until cfg.steps; (state, interrupted). A SIGTERM/SIGINT finishes the step, saves, stops."""
+    cfg = r.cfg
+    progress = Progress(cfg.steps, start_step=int(state.train.step), print_fn=r.print)
+    stop = SignalFlag.install()
+    try:
+        while int(state.train.step) < cfg.steps:
+            state = grpo_step(r, state, progress)
+            step = int(state.train.step)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
+                r.results.setdefault("evals", {})[str(step)] = evaluate(r, state, f"step {step}")
+            if stop.is_set() or (
+                cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < cfg.steps
+            ):
+                _save(r, state)
+            if stop.is_set():
+                r.print(f"signal received: checkpoint saved at step {step}; exiting")
+                r.results["interrupted_at"] = step
+                return state, True
+    finally:
+        stop.uninstall()
+    return state, False
+
+
+def grpo_step(r: Run, state: RunState, progress: Progress) -> RunState:
+    """One GRPO step: the rollout's batch, the train step on it, the rollout settled, everything logged."""
+    step = int(state.train.step)
+    t0 = time.perf_counter()
+    rollout, batch, info = r.rollout.produce(
+        state.rollout, state.train.params, state.train.rng["rollout"], step
+    )
+    t1 = time.perf_counter()
+    train, metrics, outputs = r.train_step(state.train, batch, state.frozen)
+    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    t2 = time.perf_counter()
+    rollout = r.rollout.settle(rollout)
+    t3 = time.perf_counter()
+    r.step_times.append(t3 - t0)
+    m.update(info.metrics)
+    m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/rollout_wait_s": t3 - t2})
+    m["time/step_s"] = t3 - t0
+    n = step + 1
+    r.logger.scalars(n, m)
+    if n % r.cfg.log.every == 0 or n == r.cfg.steps:
+        r.logger.histograms(n, {k: np.asarray(v) for k, v in outputs.items()})
+        r.print(progress.line(n, m, CONSOLE_KEYS))
+    if r.cfg.log.sample_every and n % r.cfg.log.sample_every == 0:
+        r.logger.samples(n, info.samples)
+    return state.replace(train=train, rollout=rollout)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# evaluation
+# ------------------------------------------------------------------------------------------------------------
+
+
+def evaluate(r: Run, state: RunState, tag: str) -> dict:
+    """Held-out metrics of the current policy, logged at the current step."""
+    cfg = r.cfg
+    step = int(state.train.step)
+    params = state.train.params if r.param_fn is None else r.param_fn(state.train.params, state.frozen)
+    key = rng_lib.derive(state.train.rng["eval"], step, "heldout")
+    t = time.perf_counter()
+    res = pipeline.evaluate(
+        _eval_sample_fn(r, params, key),
+        r.executor,
+        r.tok,
+        r.heldout,
+        n_samples=cfg.eval.samples,
+        ks=cfg.eval.ks,
+        prompt_len=cfg.tasks.prompt_len,
+        batch=cfg.eval.batch,
+        deadline_s=cfg.sandbox.deadline_s,
+    )
+    res["seconds"] = time.perf_counter() - t
+    r.print(
+        f"[eval {tag}] " + "  ".join(f"{k} {res[k]:.3f}" for k in res if k.startswith(("pass@", "level")))
+    )
+    r.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in res.items()})  # TB mangles "@"
+    return res
+
+
+def _eval_sample_fn(r: Run, params, key):
+    """sample_fn(prompt, pmask, n, greedy) of grpo_jax.codegen.pipeline.evaluate: call i uses key (key, i)."""
+    ro = r.cfg.rollout
+    sp_sampled = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
+    sp_greedy = sampling.sampling_params(0.0)
+    calls = [0]
+
+    def fn(prompt, pmask, n, greedy):
+        calls[0] += 1
+        sampler = sampling.make_sampler(
+            r.model, group=n, max_new=ro.max_new_tokens, eos_id=r.tok.eos_id, pad_id=r.tok.pad_id
+        )
+        k = rng_lib.derive(key, calls[0])
+        out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
+        return np.asarray(out.tokens), np.asarray(out.mask)
+
+    return fn
+
+
+# ------------------------------------------------------------------------------------------------------------
+# finish
+# ------------------------------------------------------------------------------------------------------------
+
+
+def finish(r: Run, state: RunState) -> dict:
+    """Final evaluation (unless this step was evaluated), checkpoint, pass-rate table, results.json."""
+    step = int(state.train.step)
+    res = r.results
+    if res.get("grpo_eval_step") != step:  # not yet evaluated at this step (or the run was extended)
+        res["grpo"] = evaluate(r, state, "after GRPO")
+        res["grpo_eval_step"] = step
+    _save(r, state)
+    stats = jax.device_get(state.rollout.stats)
+    table = PassRateTable.from_counts(
+        [p.task_id for p in r.rl_problems], stats.attempts, stats.passes, [p.level for p in r.rl_problems]
+    )
+    rows = table.rows()
+    r.logger.table(step, "pass_rates", rows)
+    res["train_problems"] = table.summary()
+    r.print(
+        "training problems: {n_problems_seen} seen, {n_ever_solved} ever solved, mean pass rate "
+        "{mean_pass_rate:.3f} (per-problem table: pass_rates.jsonl)".format(**res["train_problems"])
+    )
+    for row in rows[:3] + rows[-3:] if len(rows) > 6 else rows:
+        r.print(
+            f"  {row['task_id']:<28} {row['passes']:>4}/{row['attempts']:<4} pass rate {row['pass_rate']:.2f}"
+        )
+    if r.step_times:
+        res["median_step_s_this_process"] = float(np.median(r.step_times))
+    res["final_params_sha256"] = params_digest(state.train.params)
+    res["steps"] = step
+    res["wall_seconds_this_process"] = time.perf_counter() - r.t_start
+    res["config"] = r.cfg.to_json()
+    write_json_atomic(os.path.join(r.cfg.workdir, "results.json"), res)
+    r.print(final_table(res))
+    return res
 
 
 def params_digest(params: Any) -> str:
@@ -165,350 +423,6 @@ def params_digest(params: Any) -> str:
         h.update(str(a.dtype).encode() + str(a.shape).encode())
         h.update(a.tobytes())
     return h.hexdigest()
-
-
-def make_param_fn(cfg: LoRAConfig):
-    """(trainable, frozen) -> full model parameters: None for full fine-tuning, LoRA merge otherwise."""
-    if not cfg.enabled:
-        return None
-
-    def fn(adapters, base):
-        return lora.merge(jax.lax.stop_gradient(base), adapters, alpha=cfg.alpha)
-
-    return fn
-
-
-def fresh_state(cfg: CodegenConfig, params: Any, optimizer, worker: RolloutWorker) -> TrainState:
-    """The GRPO TrainState that starts from `params` (the SFT policy): LoRA adapters (B = 0) over the frozen
-    base when cfg.lora is on, an empty pool shaped like the trainable parameters when cfg.pool is on, the
-    curriculum and replay states, and (async rollouts) a placeholder for the pending rollout batch."""
-    frozen = None
-    if cfg.lora.enabled:
-        key = jax.random.fold_in(rng_streams(cfg.seed)["init"], 1)
-        frozen, params = params, lora.init(params, key, rank=cfg.lora.rank, targets=cfg.lora.targets)
-    p = pool.init(params, cfg.pool.capacity) if cfg.pool.enabled else None
-    state = init_state(params, cfg.objective, optimizer, seed=cfg.seed, frozen=frozen, pool=p)
-    pending = None
-    if cfg.async_rewards:
-        shape = (cfg.prompts_per_step, cfg.rollout.group_size, cfg.prompt_len, cfg.rollout.max_new_tokens)
-        pending = empty_batch(*shape, worker.num_tests)
-    return state.replace(curriculum=worker.init_curriculum(), replay=worker.init_replay(), pending=pending)
-
-
-def policy_params(state: TrainState, param_fn) -> Any:
-    """The full parameters of the current policy (sampling, evaluation)."""
-    return state.params if param_fn is None else param_fn(state.params, state.frozen)
-
-
-class _Sampling:
-    """Jitted samplers for training (group G, temperature) and evaluation (greedy, n samples)."""
-
-    def __init__(self, cfg: CodegenConfig, tok: CodeTokenizer):
-        self.cfg, self.tok = cfg, tok
-        r = cfg.rollout
-        self.sp_train = sampling.sampling_params(r.temperature, r.top_k, r.top_p)
-        self.sp_greedy = sampling.sampling_params(0.0)
-
-    def sampler(self, n: int):
-        return sampling.make_sampler(
-            self.cfg.model,
-            group=n,
-            max_new=self.cfg.rollout.max_new_tokens,
-            eos_id=self.tok.eos_id,
-            pad_id=self.tok.pad_id,
-        )
-
-    def eval_fn(self, params, key) -> Callable:
-        counter = [0]
-
-        def fn(prompt, pmask, n, greedy):
-            counter[0] += 1
-            k = jax.random.fold_in(key, counter[0])
-            sp = self.sp_greedy if greedy else self.sp_train
-            out = self.sampler(n)(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp)
-            return np.asarray(out.tokens), np.asarray(out.mask)
-
-        return fn
-
-
-def run(cfg: CodegenConfig, executor: Executor, print_fn: Callable[[str], None] = print) -> dict:
-    """The whole run; returns the results dict (also written to workdir/results.json)."""
-    os.makedirs(cfg.workdir, exist_ok=True)
-    tok = CodeTokenizer()
-    t_start = time.perf_counter()
-    train_sft = tasks.make_split(
-        "train", levels=cfg.sft_levels, n_per_level=cfg.train_per_level, seed=cfg.seed
-    )
-    train_rl = tasks.make_split("train", levels=cfg.rl_levels, n_per_level=cfg.train_per_level, seed=cfg.seed)
-    heldout = tasks.make_split(
-        "heldout", levels=cfg.eval_levels, n_per_level=cfg.heldout_per_level, seed=cfg.seed
-    )
-    print_fn(
-        f"task suite: {len(train_sft)} SFT / {len(train_rl)} RL training problems (levels {cfg.sft_levels} / "
-        f"{cfg.rl_levels}), {len(heldout)} held-out (levels {cfg.eval_levels}); sandbox tier {executor.tier}"
-    )
-    samp = _Sampling(cfg, tok)
-    optimizer = make_optimizer(cfg.optim)
-    ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.keep_checkpoints)
-    pass_table = PassRateTable()
-    results: dict[str, Any] = {}
-    latest = ckpt.latest_step()
-    if latest is not None and not cfg.resume:
-        raise RunConfigError(
-            f"workdir {cfg.workdir} already holds checkpoints (latest step {latest}) and resume is off: "
-            "use a new --workdir, or drop --noresume to continue that run"
-        )
-    state = None
-    param_fn = make_param_fn(cfg.lora)
-    pool_rt = None
-    if cfg.pool.enabled:
-        pool_rt = PoolRuntime(
-            cfg.pool,
-            cfg.rollout,
-            cfg.model,
-            tok,
-            uses_baseline=cfg.objective.baseline != "group",
-            member_fn=param_fn,
-            deadline_s=cfg.sandbox_deadline_s,
-        )
-    worker = RolloutWorker(cfg, tok, executor, train_rl, pool_rt)
-    host: dict[str, Any] = {}
-    if latest is not None:
-        template = fresh_state(
-            cfg, tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed)), optimizer, worker
-        )
-        try:
-            state, host = ckpt.restore(template, latest)
-        except CheckpointMismatchError as e:
-            raise RunConfigError(
-                f"the workdir {cfg.workdir} holds a run with a different model: {e}"
-            ) from None
-        _check_resumable(cfg, host["config"])
-        results = host["results"]
-        pass_table.load_state_dict(host["pass_table"])
-        print_fn(f"resumed from {ckpt.directory} at GRPO step {int(state.step)}")
-    logger = MetricsLogger(
-        cfg.workdir,
-        run_info={"config": cfg.to_json(), "tokenizer": tok.fingerprint()},
-        purge_step=None if state is None else int(state.step) + 1,
-    )
-
-    def evaluate(params, key, tag):
-        t = time.perf_counter()
-        res = pipeline.evaluate(
-            samp.eval_fn(params, key),
-            executor,
-            tok,
-            heldout,
-            n_samples=cfg.eval_samples,
-            ks=cfg.eval_ks,
-            prompt_len=cfg.prompt_len,
-            batch=cfg.eval_batch,
-            deadline_s=cfg.sandbox_deadline_s,
-        )
-        res["seconds"] = time.perf_counter() - t
-        print_fn(f"[eval {tag}] " + "  ".join(f"{k} {res[k]:.3f}" for k in _headline(res)))
-        return res
-
-    # ---- SFT warm start (skipped when resuming)
-    if state is None:
-        params = tfm.init_params(cfg.model, jax.random.PRNGKey(cfg.seed))
-        t = time.perf_counter()
-        data = pipeline.sft_examples(tok, train_sft, cfg.prompt_len, cfg.rollout.max_new_tokens)
-        sft_opt = make_optimizer(OptimConfig(learning_rate=cfg.sft_lr, warmup_steps=min(20, cfg.sft_steps)))
-        params, sft_hist = sft.sft_train(
-            params,
-            cfg.model,
-            sft_opt,
-            data,
-            steps=cfg.sft_steps,
-            batch_size=cfg.sft_batch,
-            seed=cfg.seed,
-            log_every=max(1, cfg.sft_steps // 5) if cfg.sft_steps else 0,
-            print_fn=print_fn,
-        )
-        results["sft_seconds"] = time.perf_counter() - t
-        if sft_hist:
-            results["sft_final_loss"] = sft_hist[-1]["loss"]
-        state = fresh_state(cfg, params, optimizer, worker)
-        if cfg.lora.enabled:
-            n_ad, n_all = lora.num_params(state.params), lora.num_params(state.frozen)
-            print_fn(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
-        results["sft"] = evaluate(policy_params(state, param_fn), state.key("eval"), "after SFT")
-        logger.scalars(0, {_eval_tag(k): v for k, v in results["sft"].items()})
-        if cfg.async_rewards:  # the first rollout, so that every checkpoint holds the pending one
-            first = worker.produce(_view(state, param_fn, pool_rt, copy=False), 0)
-            state = _apply(state, first, pass_table).replace(pending=first.batch)
-            host = {"pending": _pending_host(first)}
-        ckpt.save(0, state, _host(cfg, results, pass_table, host.get("pending")), force=True)
-
-    # ---- GRPO
-    train_step = make_train_step(
-        transformer_logits_fn(cfg.model),
-        cfg.objective,
-        optimizer,
-        temperature=cfg.rollout.temperature,
-        param_fn=param_fn,
-    )
-    progress = Progress(cfg.steps, start_step=int(state.step), print_fn=print_fn)
-    stop = SignalFlag.install()
-    keys = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
-    threads = ThreadPoolExecutor(max_workers=1) if cfg.async_rewards else None
-    step_times: list[float] = []
-    current: Rollout | None = None
-    if cfg.async_rewards and int(state.step) < cfg.steps:  # the pending rollout restored with the state
-        ph = host.get("pending") or {}
-        current = Rollout(
-            state.pending, state.curriculum, state.replay, ph.get("metrics", {}), ph.get("samples", []), []
-        )
-    try:
-        while int(state.step) < cfg.steps:
-            step = int(state.step)
-            t0 = time.perf_counter()
-            if current is None:  # synchronous: this step's rollout from the current policy
-                current = worker.produce(_view(state, param_fn, pool_rt, copy=False), step)
-                state = _apply(state, current, pass_table)
-            future = None
-            if threads is not None:  # grade step+1 while the device trains on this step (one step off-policy)
-                future = threads.submit(worker.produce, _view(state, param_fn, pool_rt, copy=True), step + 1)
-            t2 = time.perf_counter()
-            batch = current.batch
-            rollout_states = (state.pool, state.curriculum, state.replay)
-            core, metrics = train_step(
-                state.replace(pool=None, curriculum=None, replay=None, pending=None), batch
-            )
-            m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-            state = core.replace(
-                pool=rollout_states[0], curriculum=rollout_states[1], replay=rollout_states[2]
-            )
-            t_train = time.perf_counter() - t2
-            m.update(current.metrics)
-            if pool_rt is not None:
-                log_now = (step + 1) % cfg.log_every == 0
-                state, pm = pool_rt.after_step(state, step + 1, with_diversity=log_now)
-                m.update(pm)
-            nxt = None
-            if future is not None:
-                nxt = future.result()
-                state = _apply(state, nxt, pass_table).replace(pending=nxt.batch)
-            t3 = time.perf_counter()
-            step_times.append(t3 - t0)
-            m.update({"time/train_s": t_train, "time/step_s": t3 - t0})
-            if threads is not None:
-                m["time/async_wait_s"] = t3 - t2 - t_train
-            logger.scalars(step + 1, m)
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
-                adv = advantages(batch, cfg.objective)
-                logger.histograms(
-                    step + 1, {"advantages": np.asarray(adv), "rewards": np.asarray(batch.rewards)}
-                )
-                print_fn(progress.line(step + 1, m, keys))
-            if cfg.sample_log_every and (step + 1) % cfg.sample_log_every == 0:
-                logger.samples(step + 1, current.samples)
-            current = nxt
-            pending_host = _pending_host(nxt) if nxt is not None else None
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                res = evaluate(policy_params(state, param_fn), state.key("eval"), f"step {step + 1}")
-                logger.scalars(step + 1, {_eval_tag(k): v for k, v in res.items()})
-                results.setdefault("evals", {})[str(step + 1)] = res
-            done = step + 1 == cfg.steps
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and not done:
-                ckpt.save(step + 1, state, _host(cfg, results, pass_table, pending_host), force=True)
-            if done:
-                host["pending"] = pending_host
-            if stop.is_set():
-                ckpt.save(step + 1, state, _host(cfg, results, pass_table, pending_host), force=True)
-                print_fn(f"signal received: checkpoint saved at step {step + 1}; exiting")
-                results["interrupted_at"] = step + 1
-                return results
-    finally:
-        stop.uninstall()
-        if threads is not None:
-            threads.shutdown(wait=True)
-    if step_times:
-        results["median_step_s_this_process"] = float(np.median(step_times))
-
-    # ---- final evaluation and results
-    if results.get("grpo_eval_step") != int(state.step):  # not yet evaluated at this step (or run extended)
-        results["grpo"] = evaluate(policy_params(state, param_fn), state.key("eval"), "after GRPO")
-        results["grpo_eval_step"] = int(state.step)
-        logger.scalars(int(state.step), {_eval_tag(k): v for k, v in results["grpo"].items()})
-    ckpt.save(int(state.step), state, _host(cfg, results, pass_table, host.get("pending")), force=True)
-    ckpt.close()
-    logger.table(int(state.step), "pass_rates", pass_table.rows())
-    results["train_problems"] = pass_table.summary()
-    rows = pass_table.rows()
-    print_fn(
-        "training problems: {n_problems_seen} seen, {n_ever_solved} ever solved, mean pass rate "
-        "{mean_pass_rate:.3f} (per-problem table: pass_rates.jsonl)".format(**results["train_problems"])
-    )
-    for r in rows[:3] + rows[-3:] if len(rows) > 6 else rows:
-        print_fn(f"  {r['task_id']:<28} {r['passes']:>4}/{r['attempts']:<4} pass rate {r['pass_rate']:.2f}")
-    results["final_params_sha256"] = params_digest(state.params)
-    results["steps"] = int(state.step)
-    results["wall_seconds_this_process"] = time.perf_counter() - t_start
-    results["config"] = cfg.to_json()
-    write_json_atomic(os.path.join(cfg.workdir, "results.json"), results)
-    print_fn(final_table(results))
-    logger.close()
-    return results
-
-
-def _host(cfg: CodegenConfig, results: dict, table: PassRateTable, pending: dict | None = None) -> dict:
-    out = {"config": cfg.to_json(), "results": results, "pass_table": table.state_dict()}
-    if pending is not None:
-        out["pending"] = pending
-    return out
-
-
-def _pending_host(r: Rollout) -> dict:
-    """The host-side part of a pending (already graded) rollout, checkpointed beside state.pending."""
-    return {"metrics": r.metrics, "samples": r.samples}
-
-
-def _view(state: TrainState, param_fn, pool_rt, *, copy: bool) -> RolloutView:
-    """What a rollout reads. copy=True (async: the train step donates the state while the rollout runs)
-    copies the sampling parameters, the frozen base and the PRNG streams."""
-    params, frozen, rng = policy_params(state, param_fn), state.frozen, state.rng
-    if copy:
-        params, frozen, rng = (jax.tree.map(jnp.copy, x) for x in (params, frozen, rng))
-    uses_pool = pool_rt is not None and pool_rt.uses_baseline
-    return RolloutView(
-        params=params,
-        rng=rng,
-        curriculum=state.curriculum,
-        replay=state.replay,
-        pool=state.pool if uses_pool else None,
-        frozen=frozen,
-    )
-
-
-def _apply(state: TrainState, r: Rollout, table: PassRateTable) -> TrainState:
-    """Fold a graded rollout's host and rollout-side state updates in (pass table, curriculum, replay)."""
-    if r.passes:
-        table.update([t for t, _ in r.passes], [p for _, p in r.passes])
-    return state.replace(curriculum=r.curriculum, replay=r.replay)
-
-
-def _check_resumable(cfg: CodegenConfig, saved: dict) -> None:
-    now = cfg.to_json()
-    diff = sorted(
-        k for k in set(now) | set(saved) if k not in RESUMABLE_CHANGES and now.get(k) != saved.get(k)
-    )
-    if diff:
-        raise RunConfigError(
-            f"the workdir {cfg.workdir} holds a run with a different configuration ({', '.join(diff)}); "
-            "use a new --workdir or --noresume"
-        )
-
-
-def _eval_tag(key: str) -> str:
-    """TensorBoard tag of an evaluation metric ("pass@8" -> "eval/pass_at_8"; TB would mangle the "@")."""
-    return "eval/" + key.replace("@", "_at_")
-
-
-def _headline(res: dict) -> list[str]:
-    return [k for k in res if k.startswith("pass@") or k.startswith("level")]
 
 
 def final_table(results: dict) -> str:

@@ -1,16 +1,17 @@
-"""Host side of the policy pool in the code-generation loop: evaluate members, score them, push snapshots.
+"""Host side of the policy pool in the code-generation loop: push snapshots, evaluate members, score them.
 
 The math and the stacked state live in grpo_jax.pool (pure, jitted); this module only moves tokens to the
-sandbox and rewards back, like the loop does for the current policy. Per GRPO step, when the objective's
-baseline uses the pool (`--baseline=pool|mix`) and the pool holds a snapshot:
+sandbox and rewards back, like the rollout does for the current policy (grpo_jax.train.rollout calls it):
 
-  1. select M slots among the K active ones (K from the schedule, as data) with the step's "sample" key;
-  2. the M members sample `samples_per_member` completions of the step's B prompts in ONE vmapped call
-     (exploration members at their own temperature);
-  3. the sandbox scores the active members' completions; b_pool(q) = their mean reward per prompt.
-
-Every `push_every` steps the trained parameters (full, or LoRA adapters) are pushed into the ring buffer.
-All randomness comes from the TrainState's streams, so a resumed run reproduces the pool exactly.
+  * `maybe_push(pool, params, step, key)`: every `push_every` steps (step > 0) the trainable parameters
+    (full, or LoRA adapters) enter the ring buffer, `pushed_at = step`;
+  * `baseline(...)`: when the objective's baseline uses the pool and it holds a snapshot, M slots among the K
+    active ones (K from the schedule at this step, as data) are selected with the step's "pool_select" key,
+    sample `samples_per_member` completions of the step's B prompts in ONE vmapped call ("pool_sample" key,
+    one split per member; exploration members at their own temperature), and the sandbox scores them:
+    b_pool(q) = their mean reward per prompt;
+  * `metrics(pool, step)`: size, active K, exploration members, mean age, diversity.
+All randomness comes from the rollout's named keys, so a resumed run reproduces the pool exactly.
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ import numpy as np
 
 from grpo_jax import pool
 from grpo_jax.codegen import pipeline
-from grpo_jax.codegen.problem import Problem
 from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import PoolConfig, RolloutConfig
 from grpo_jax.policies import sampling
+from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
 
 
@@ -71,35 +72,41 @@ class PoolRuntime:
             )
         )
 
+    def init(self, params: Any) -> pool.PoolState:
+        return pool.init(params, self.pc.capacity)
+
+    def maybe_push(self, pool_state, params: Any, step: int, key: jax.Array):
+        """The pool after the push due at `step` (a snapshot every push_every steps, none at step 0)."""
+        if step == 0 or step % self.pc.push_every:
+            return pool_state
+        return self._push(pool_state, params, jnp.int32(step), key=key)
+
     def baseline(
         self,
         pool_state,
         frozen,
-        sample_key: jax.Array,
+        keys: dict[str, jax.Array],
         executor: Executor,
         problems: Sequence[Problem],
-        prompt: np.ndarray,
-        pmask: np.ndarray,
+        prompt: jax.Array,
+        pmask: jax.Array,
         step: int,
     ) -> tuple[np.ndarray | None, np.ndarray | None, dict[str, float]]:
-        """(b_pool [B], valid [B] float, metrics) for this step's prompts; (None, None, {}) when unused.
-
-        sample_key: the step's "sample" key (the policy samples with it; the pool folds in 1)."""
-        if not self.uses_baseline or int(pool_state.pushes) == 0:
+        """(b_pool [B], valid [B] float, metrics) for this step's prompts; (None, None, {}) while the pool is
+        empty. keys: the step's named keys ("pool_select", "pool_sample")."""
+        if int(pool_state.pushes) == 0:
             return None, None, {}
         t0 = time.perf_counter()
-        key = jax.random.fold_in(sample_key, 1)
         k = self.pc.k_at(step)
-        idx, mmask = self._select(pool_state, jnp.int32(k), jax.random.fold_in(key, 0), self.m)
+        idx, mmask = self._select(pool_state, jnp.int32(k), keys["pool_select"], self.m)
         temps = self._temps(pool_state, idx)
-        keys = jax.random.split(jax.random.fold_in(key, 1), self.m)
         out = self.sampler(
             pool_state.params,
             idx,
             frozen,
-            jnp.asarray(prompt),
-            jnp.asarray(pmask),
-            keys,
+            prompt,
+            pmask,
+            jax.random.split(keys["pool_sample"], self.m),
             temps,
             self.sp.top_k,
             self.sp.top_p,
@@ -126,15 +133,11 @@ class PoolRuntime:
         }
         return np.asarray(base), np.asarray(has, np.float32), metrics
 
-    def after_step(self, state, step_done: int, with_diversity: bool):
-        """Push a snapshot when `step_done` is a multiple of push_every; returns (state, metrics)."""
-        if step_done % self.pc.push_every == 0:
-            key = jax.random.fold_in(state.key("train"), 7)
-            state = state.replace(pool=self._push(state.pool, state.params, jnp.int32(step_done), key=key))
-        p = state.pool
-        k = self.pc.k_at(step_done)
+    def metrics(self, p, step: int, with_diversity: bool) -> dict[str, float]:
+        """The pool as the rollout of `step` sees it."""
+        k = self.pc.k_at(step)
         active = np.asarray(pool.active_mask(p, jnp.int32(k)))
-        ages = np.asarray(pool.ages(p, jnp.int32(step_done)))
+        ages = np.asarray(pool.ages(p, jnp.int32(step)))
         m = {
             "pool/size": float(np.asarray(p.valid).sum()),
             "pool/active_k": float(active.sum()),
@@ -144,4 +147,4 @@ class PoolRuntime:
         }
         if with_diversity:
             m["pool/diversity"] = float(self._diversity(p, jnp.int32(k)))
-        return state, m
+        return m

@@ -5,8 +5,8 @@
 (token mean over the batch; prompt tokens carry no loss). The forward is the GRPO trainer's shared-prompt
 forward (`transformer.forward_grouped`) with a group of one, so SFT and GRPO see exactly the same model.
 
-`sft_train` draws shuffled minibatches with jax.random (per-epoch permutation keyed by fold_in(key, epoch)),
-so the same seed gives the same parameters bit for bit.
+`sft_train` draws shuffled minibatches with jax.random (the permutation of epoch e is keyed by
+grpo_jax.rng.derive(key, e, "shuffle")), so the same key gives the same parameters bit for bit.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from grpo_jax import rng as rng_lib
 from grpo_jax.policies import transformer as tfm
 
 
@@ -81,15 +82,15 @@ def sft_train(
     *,
     steps: int,
     batch_size: int,
-    seed: int = 0,
+    key: jax.Array,
     log_every: int = 0,
     print_fn: Callable[[str], None] = print,
 ) -> tuple[Any, list[dict[str, float]]]:
     """Train `steps` minibatch updates on `data` = (prompt, prompt_mask, completion, completion_mask)
     (arrays with a leading example axis, e.g. from `grpo_jax.codegen.pipeline.sft_examples`).
 
-    Minibatches walk a fresh jax.random permutation each epoch (key = fold_in(PRNGKey(seed), epoch)); a
-    batch_size larger than the data is clipped to the data size.
+    Minibatches walk a fresh jax.random permutation each epoch (keyed by rng.derive(key, epoch, "shuffle"));
+    a batch_size larger than the data is clipped to the data size.
     Returns (params, per-step metrics as floats)."""
     n = int(data[0].shape[0])
     if n == 0:
@@ -102,7 +103,6 @@ def sft_train(
     step_fn = make_sft_step(model_cfg, optimizer)
     opt_state = optimizer.init(params)
     params = jax.tree.map(jnp.copy, params)  # the caller's params are not donated
-    key = jax.random.PRNGKey(seed)
 
     raw: list[dict[str, jax.Array]] = []
     perm = None
@@ -110,7 +110,7 @@ def sft_train(
     for i in range(steps):
         epoch, j = divmod(i, per_epoch)
         if j == 0:
-            perm = jax.random.permutation(jax.random.fold_in(key, epoch), n)
+            perm = jax.random.permutation(rng_lib.derive(key, epoch, "shuffle"), n)
         batch = _gather(arrays, perm[j * bs : (j + 1) * bs])
         params, opt_state, metrics = step_fn(params, opt_state, batch)
         raw.append(metrics)

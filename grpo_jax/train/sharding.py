@@ -7,6 +7,10 @@ step is an ordinary `jax.jit` (the modern form of `pmap`): XLA inserts the gradi
 
 Meshes are created with `AxisType.Auto` (jax.make_mesh defaults to Explicit axes in this JAX version, under
 which sharded contractions raise ShardingTypeError unless every op is annotated).
+
+Not wired into the main job yet: `python -m experiments.codegen` runs on one device (its `--mesh_data` /
+`--mesh_model` flags accept only 1 and say so); this module is used by the multi-device equality test
+(tests/test_multidevice.py) until the scale-out issue builds the mesh in the loop.
 """
 
 from __future__ import annotations
@@ -75,14 +79,6 @@ def state_shardings(state: Any, mesh: Mesh, *, model_parallel: bool = False):
 def batch_shardings(batch: Any, mesh: Mesh):
     """Every batch leaf is sharded along its leading (prompt) axis over "data"."""
     return jax.tree.map(lambda leaf: NamedSharding(mesh, P(DATA)), batch)
-
-
-def check_batch_divisible(num_prompts: int, mesh: Mesh) -> None:
-    d = mesh.shape[DATA]
-    if num_prompts % d:
-        raise ValueError(
-            f"prompts per step ({num_prompts}) must be a multiple of the data-parallel size ({d})"
-        )
 
 
 def shard(tree: Any, shardings: Any):

@@ -1,8 +1,17 @@
-"""TrainState: everything that changes from one GRPO step to the next, in one pytree.
+"""The run's state, split by lifecycle into one checkpointable pytree:
 
-Checkpointing this one object (plus the host-side data cursor) is enough to resume a run bit-exactly.
-PRNG: the run seed is split ONCE into named streams; per step a key is `fold_in(stream, step)`, so the key
-of step n never depends on how many keys earlier code drew (ARCHITECTURE.md §3 rule 5).
+    RunState
+      train    TrainState    what the jitted train step replaces and DONATES: step, params, optimizer state,
+                             reference params, controller states, PRNG streams
+      rollout  RolloutState  what the host-side rollout updates (grpo_jax.train.rollout): the policy pool,
+                             the curriculum, the replay buffer, per-problem attempt counts, and (async
+                             rollouts) the pending, already graded batch of the next step
+      frozen                 read-only parameters: the LoRA base when `train.params` are adapters (else None)
+
+`RunState` is checkpointed whole (grpo_jax.train.checkpoint); nothing is stripped and re-attached around the
+train step, which takes `(state.train, batch, state.frozen)`. PRNG: `train.rng` holds the named streams of
+grpo_jax.rng split once from the seed; every key is a named path below a stream (`rng.derive`), so a resumed
+run is bit-identical to an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -14,35 +23,48 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from grpo_jax.config import ControllerConfig, ObjectiveConfig, OptimConfig
+from grpo_jax import rng as rng_lib
+from grpo_jax.config import ObjectiveConfig, OptimConfig
 from grpo_jax.core.controllers import Controller, make_controller
-
-RNG_STREAMS = ("init", "sample", "data", "train", "eval")
 
 
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array  # [] int32, number of optimiser updates done
-    params: Any
+    params: Any  # the trainable parameters (the model, or LoRA adapters over RunState.frozen)
     opt_state: Any
     ref_params: Any  # None when the objective needs no reference model
-    kl_ctrl: Any  # controller state; .coef is the KL coefficient β
+    kl_ctrl: Any  # controller state; .coef is the KL coefficient β of the current step
     ent_ctrl: Any  # controller state; .coef is the entropy-bonus coefficient
     rng: dict[str, jax.Array]  # named PRNG streams (raw uint32 key data, checkpointable)
-    frozen: Any = None  # frozen base parameters when `params` are LoRA adapters (None: params are the model)
+
+    def key(self, stream: str, *names: int | str) -> jax.Array:
+        """The key of `stream` for the current step (then `names`, see grpo_jax.rng.derive)."""
+        return rng_lib.derive(self.rng[stream], self.step, *names)
+
+
+@flax.struct.dataclass
+class ProblemStats:
+    """Per training problem: fresh samples graded and how many passed (the pass-rate table's data)."""
+
+    attempts: jax.Array  # [N] int32
+    passes: jax.Array  # [N] int32
+
+
+@flax.struct.dataclass
+class RolloutState:
+    stats: ProblemStats
+    curriculum: Any = None  # grpo_jax.curriculum.CurriculumState
     pool: Any = None  # grpo_jax.pool.PoolState of past policies (None: no pool)
-    curriculum: Any = None  # grpo_jax.curriculum.CurriculumState (code-generation loop)
     replay: Any = None  # grpo_jax.replay.ReplayState of successful completions (None: no replay)
     pending: Any = None  # the next step's GRPOBatch, already graded (async rollouts only)
 
-    def key(self, stream: str) -> jax.Array:
-        """The key of `stream` for the current step."""
-        return jax.random.fold_in(self.rng[stream], self.step)
 
-
-def rng_streams(seed: int) -> dict[str, jax.Array]:
-    keys = jax.random.split(jax.random.PRNGKey(seed), len(RNG_STREAMS))
-    return {name: keys[i] for i, name in enumerate(RNG_STREAMS)}
+@flax.struct.dataclass
+class RunState:
+    train: TrainState
+    rollout: RolloutState
+    frozen: Any = None
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
@@ -61,31 +83,28 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
 
 
 def make_controllers(obj: ObjectiveConfig) -> tuple[Controller, Controller]:
-    """(kl controller, entropy controller): the configured one adapts, the other is constant."""
-    c: ControllerConfig = obj.controller
-    kl = make_controller("constant", coef=obj.kl_coef)
-    ent = make_controller("constant", coef=obj.entropy_coef)
-    if c.kind != "constant":
-        kw = dict(c.kwargs)
-        if c.acts_on == "kl_coef":
-            kl = make_controller(c.kind, init_coef=obj.kl_coef, **kw)
-        else:
-            ent = make_controller(c.kind, init_coef=obj.entropy_coef, **kw)
+    """(KL controller, entropy controller). β: the schedule if one is set, else the configured controller
+    when it drives kl_coef, else constant; the entropy coefficient likewise."""
+    c = obj.controller
+    if obj.kl_schedule:
+        steps, values = zip(*obj.kl_schedule, strict=True)
+        kl = make_controller("piecewise", boundaries=steps[1:], values=values)
+    elif c.drives == "kl_coef":
+        kl = make_controller(c.kind, init_coef=obj.kl_coef, **c.params())
+    else:
+        kl = make_controller("constant", coef=obj.kl_coef)
+    if c.drives == "entropy_coef":
+        ent = make_controller(c.kind, init_coef=obj.entropy_coef, **c.params())
+    else:
+        ent = make_controller("constant", coef=obj.entropy_coef)
     return kl, ent
 
 
 def init_state(
-    params: Any,
-    obj: ObjectiveConfig,
-    optimizer: optax.GradientTransformation,
-    seed: int,
-    *,
-    frozen: Any = None,
-    pool: Any = None,
+    params: Any, obj: ObjectiveConfig, optimizer: optax.GradientTransformation, seed: int = 0
 ) -> TrainState:
-    """A fresh TrainState; the reference policy is a copy of the initial trainable parameters (if used).
-
-    `params` are what the optimiser trains (the model, or LoRA adapters with the base in `frozen`)."""
+    """A fresh TrainState over the trainable `params`; the reference is a copy of them (if the objective
+    uses one). The PRNG streams are split from `seed`."""
     kl_ctrl, ent_ctrl = make_controllers(obj)
     ref = jax.tree.map(jnp.copy, params) if obj.uses_reference else None
     return TrainState(
@@ -95,7 +114,5 @@ def init_state(
         ref_params=ref,
         kl_ctrl=kl_ctrl.init(),
         ent_ctrl=ent_ctrl.init(),
-        rng=rng_streams(seed),
-        frozen=frozen,
-        pool=pool,
+        rng=rng_lib.streams(seed),
     )

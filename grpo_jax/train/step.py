@@ -1,17 +1,25 @@
-"""The GRPO train step: `train_step(state, batch) -> (state, metrics)`, jitted once with the state donated.
+"""The GRPO train step: `train_step(state, batch, frozen=None) -> (state, metrics, outputs)`, jitted once
+with the TrainState donated.
 
 One call does, on device:
-  1. advantages from the group rewards (grpo_jax.core.advantages, method from the ObjectiveConfig);
-  2. the reference log-probs (if the objective has a KL to π_ref) with the shared-prompt forward;
-  3. μ = num_iterations optimiser updates: policy forward/backward (`grpo_loss`), global-norm clip, AdamW
-     (a non-finite gradient skips the update and is counted: optax.apply_if_finite);
-  4. the adaptive-coefficient controller update (entropy or KL measured on this batch);
-  5. a flat dict of scalar metrics (the seed's TensorBoard names + the standard GRPO diagnostics).
+  1. rewards: the batch's correctness rewards (non-finite ones leave their group and are counted) plus DAPO's
+     soft overlong punishment when `overlong_cache_len` > 0;
+  2. advantages from the group rewards (estimator, pool / mix baseline, multi-scale sub-goals);
+  3. the reference log-probs (if the objective has a KL to π_ref) with the shared-prompt forward;
+  4. μ = num_iterations optimiser updates in a `lax.scan`: policy forward/backward (`grpo_loss`), global-norm
+     clip, AdamW (a non-finite gradient skips the update and is counted: optax.apply_if_finite);
+  5. the controller updates (β and the entropy coefficient: constant, a schedule, or adaptive) and the
+     reference update (frozen / hard / EMA);
+  6. metrics (a flat dict of scalars: the seed's TensorBoard names + the standard GRPO diagnostics) and
+     `outputs` = {"advantages" [B, G], "rewards" [B, G]}, what the loop logs as histograms.
 
-π_old: with μ = 1 the batch was sampled by the current parameters, so logp_old = stop_gradient(logp_θ) and
-ρ = 1 exactly (TRL does the same); the sampler's own log-probs are kept only to measure the sampler-vs-trainer
-mismatch (`logp_mismatch`, ~1e-6 here since both use the same float32 code). With μ > 1, logp_old is the
-first iteration's log-probs.
+π_old: the first iteration uses logp_old = stop_gradient(logp_θ), so ρ = 1 exactly (TRL does the same); the
+sampler's own log-probs (the behaviour policy) are logged as `logp_mismatch` and, with `tis_cap`, weight each
+token by sg(min(π_old/π_behaviour, C)). Later iterations (μ > 1) use the first iteration's log-probs as π_old.
+
+Controllers: every controller is called the same way (grpo_jax.core.controllers): `applied(state, signal)`
+gives the coefficient of this step, `update(state, signal)` the next state, where `signal` is what the
+controller measures on this batch (`Controller.measures`: the mean entropy, the mean KL estimate, or none).
 """
 
 from __future__ import annotations
@@ -19,80 +27,20 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import compute_advantages, pool_baseline_advantages
-from grpo_jax.core.losses import grpo_loss
+from grpo_jax.core.losses import grpo_loss, kl_penalty, soft_overlong_punishment
 from grpo_jax.core.metrics import masked_mean, masked_std
 from grpo_jax.core.multiscale import multi_scale_advantages
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import TrainState, make_controllers
+from grpo_jax.types import GRPOBatch
 
-
-@flax.struct.dataclass
-class GRPOBatch:
-    """One rollout batch. B prompts x G completions of T tokens; prompts are left-padded to P tokens."""
-
-    prompt: jax.Array  # [B, P] int32
-    prompt_mask: jax.Array  # [B, P] int32
-    completions: jax.Array  # [B, G, T] int32
-    completion_mask: jax.Array  # [B, G, T] float32: 1 for sampled tokens up to and including EOS
-    rewards: jax.Array  # [B, G] float32
-    group_mask: jax.Array  # [B, G] float32: 1 for members that take part (padding / filtered groups: 0)
-    logp_sampler: jax.Array  # [B, G, T] float32: the sampler's log-probs of the completion tokens
-    truncated: jax.Array  # [B, G] bool: no EOS within T
-    baseline: jax.Array  # [B] float32: external per-prompt baseline (the policy pool's mean return)
-    baseline_valid: jax.Array  # [B] float32: 1 where `baseline` holds returns (else the group mean is used)
-    test_rewards: jax.Array  # [B, G, M] float32: 1 where test m of the sample passed (multi-scale advantages)
-    test_mask: jax.Array  # [B, M] float32: 1 for the problem's real tests
-
-
-def batch_from_samples(
-    prompt,
-    prompt_mask,
-    out,
-    rewards,
-    group_mask=None,
-    baseline=None,
-    baseline_valid=None,
-    test_rewards=None,
-    test_mask=None,
-) -> GRPOBatch:
-    """The GRPOBatch of one rollout: prompts [B, P], a sampling.SampleOutput [B, G, T], rewards [B, G];
-    optionally the pool baseline [B] and its validity [B] (objective baseline "pool" / "mix"), and per-test
-    results [B, G, M] with the test mask [B, M] (multi-scale advantages; default M = 1, all zero)."""
-    rewards = jnp.asarray(rewards, jnp.float32)
-    b, g = rewards.shape
-    return GRPOBatch(
-        prompt=jnp.asarray(prompt),
-        prompt_mask=jnp.asarray(prompt_mask),
-        completions=out.tokens,
-        completion_mask=out.mask,
-        rewards=rewards,
-        group_mask=jnp.ones_like(rewards) if group_mask is None else jnp.asarray(group_mask, jnp.float32),
-        logp_sampler=out.logp,
-        truncated=out.truncated,
-        baseline=jnp.zeros((b,), jnp.float32) if baseline is None else jnp.asarray(baseline, jnp.float32),
-        baseline_valid=(
-            jnp.zeros((b,), jnp.float32)
-            if baseline_valid is None
-            else jnp.asarray(baseline_valid, jnp.float32)
-        ),
-        test_rewards=(
-            jnp.zeros((b, g, 1), jnp.float32)
-            if test_rewards is None
-            else jnp.asarray(test_rewards, jnp.float32)
-        ),
-        test_mask=jnp.zeros((b, 1), jnp.float32)
-        if test_mask is None
-        else jnp.asarray(test_mask, jnp.float32),
-    )
-
-
+sg = jax.lax.stop_gradient
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 
 
@@ -111,6 +59,16 @@ def loss_mask(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
     return m
 
 
+def total_rewards(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+    """[B, G] the rewards the advantages see: correctness + DAPO soft overlong punishment (if on), with
+    L_max = obj.loss.max_len (the run's max_new_tokens) and L_cache = obj.overlong_cache_len."""
+    r = batch.rewards
+    if obj.overlong_cache_len > 0:
+        lengths = batch.completion_mask.sum(-1)
+        r = r + soft_overlong_punishment(lengths, max_len=obj.loss.max_len, cache_len=obj.overlong_cache_len)
+    return r
+
+
 def make_train_step(
     logits_fn: LogitsFn,
     obj: ObjectiveConfig,
@@ -121,49 +79,53 @@ def make_train_step(
     shardings: tuple[Any, Any] | None = None,
     param_fn: Callable[[Any, Any], Any] | None = None,
 ):
-    """Build `train_step(state, batch) -> (state, metrics)`.
+    """Build `train_step(state, batch, frozen=None) -> (state, metrics, outputs)`.
 
-    jit=True compiles it once (the state argument is donated); `shardings=(state_sharding, batch_sharding)`
-    pins input/output shardings for multi-device meshes (grpo_jax.train.sharding).
+    jit=True compiles it once (the TrainState is donated; `frozen` is not); `shardings=(state_sharding,
+    batch_sharding)` pins input/output shardings for multi-device meshes (grpo_jax.train.sharding).
     param_fn(trainable, frozen) -> full model parameters, for states whose `params` are not the whole model
-    (LoRA: `lora.merge` of the stop-gradient'ed frozen base `state.frozen` with the adapters). The reference
-    policy is `param_fn(state.ref_params, state.frozen)` likewise.
+    (LoRA: `lora.merge` of the stop-gradient'ed frozen base with the adapters). The reference policy is
+    `param_fn(state.ref_params, frozen)` likewise.
     """
+    if obj.overlong_cache_len > 0 and obj.loss.max_len is None:
+        raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
     kl_ctrl, ent_ctrl = make_controllers(obj)
-    measures_kl = obj.controller.measures == "kl"
+    anchor_is_ref = obj.loss.kl_anchor == "ref"
 
     def token_stats(params, frozen, batch):
         full = params if param_fn is None else param_fn(params, frozen)
         logits = logits_fn(full, batch.prompt, batch.prompt_mask, batch.completions)
         return tfm.token_logp(logits, batch.completions, temperature)
 
-    def step(state: TrainState, batch: GRPOBatch):
+    def step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
         # a non-finite reward is a data bug: its member leaves the group (and is counted in the metrics)
         finite = jnp.isfinite(batch.rewards)
         batch = batch.replace(
             rewards=jnp.where(finite, batch.rewards, 0.0),
             group_mask=batch.group_mask * finite.astype(jnp.float32),
         )
-        nonfinite_rewards = jnp.sum(~finite).astype(jnp.float32)
+        rewards = total_rewards(batch, obj)  # [B,G]
         mask = loss_mask(batch, obj)  # [B,G,T]
-        adv = advantages(batch, obj)  # [B,G]
+        adv = advantages(batch.replace(rewards=rewards), obj)  # [B,G]
         logp_ref = None
         if obj.uses_reference:
-            logp_ref, _ = token_stats(state.ref_params, state.frozen, batch)
-            logp_ref = jax.lax.stop_gradient(logp_ref)
+            logp_ref = sg(token_stats(state.ref_params, frozen, batch)[0])
         n_samples = jnp.sum(batch.group_mask)
+        logp_behaviour = batch.logp_sampler if obj.loss.tis_cap is not None else None
 
-        def loss_fn(params, logp_old):
-            logp, ent = token_stats(params, state.frozen, batch)
-            if logp_old is None:
-                logp_old = jax.lax.stop_gradient(logp)
-            ent_mean = jax.lax.stop_gradient(masked_mean(ent, mask))
-            # the controllers see this batch's entropy / KL; a controller with an `applied` field (Skywork)
-            # decides this step's coefficient from it, the others use their current coefficient.
-            kl_state, ent_state = state.kl_ctrl, state.ent_ctrl
-            kl_coef = kl_state.coef
-            ent_probe = ent_ctrl.update(ent_state, ent_mean, n_steps=n_samples)
-            ent_coef = getattr(ent_probe, "applied", ent_state.coef)
+        def loss_fn(params, logp_old, first):
+            logp, ent = token_stats(params, frozen, batch)
+            logp_old = jnp.where(first, sg(logp), logp_old)
+            anchor = logp_ref if anchor_is_ref else logp_old
+            signals = {
+                "entropy": sg(masked_mean(ent, mask)),
+                "kl": jnp.float32(0.0)
+                if anchor is None
+                else sg(masked_mean(kl_penalty(logp, anchor, kind=obj.loss.kl_estimator), mask)),
+                "none": jnp.float32(0.0),
+            }
+            kl_coef = kl_ctrl.applied(state.kl_ctrl, signals[kl_ctrl.measures])
+            ent_coef = ent_ctrl.applied(state.ent_ctrl, signals[ent_ctrl.measures])
             loss, aux = grpo_loss(
                 logp,
                 logp_old,
@@ -174,45 +136,44 @@ def make_train_step(
                 kl_coef=kl_coef,
                 entropy_coef=ent_coef,
                 entropy=ent,
-                logp_behaviour=batch.logp_sampler if obj.loss.tis_cap is not None else None,
+                logp_behaviour=logp_behaviour,
             )
-            return loss, (aux, logp, kl_coef, ent_coef)
+            return loss, (aux, logp, kl_coef, ent_coef, signals)
 
-        params, opt_state = state.params, state.opt_state
-        logp_old = None
-        grad_norms = []
-        for it in range(obj.num_iterations):
-            (loss, (aux, logp, kl_coef, ent_coef)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
-                params, logp_old
+        def iteration(carry, it):
+            params, opt_state, logp_old = carry
+            (_, (aux, logp, kl_coef, ent_coef, signals)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+                params, logp_old, it == 0
             )
-            grad_norms.append(optax.tree.norm(grads))
             updates, opt_state = optimizer.update(grads, opt_state, params)
             params = optax.apply_updates(params, updates)
-            if it == 0:
-                logp_first = jax.lax.stop_gradient(logp)
-                aux_first, kl_first, ent_first = aux, kl_coef, ent_coef
-                logp_old = logp_first
+            logp_old = jnp.where(it == 0, sg(logp), logp_old)
+            return (params, opt_state, logp_old), (aux, kl_coef, ent_coef, signals, optax.tree.norm(grads))
 
-        measured = aux_first.kl if measures_kl else aux_first.entropy
-        kl_state, ent_state = state.kl_ctrl, state.ent_ctrl
-        if obj.controller.acts_on == "kl_coef":
-            kl_state = kl_ctrl.update(kl_state, measured, n_steps=n_samples)
-        else:
-            ent_state = ent_ctrl.update(ent_state, measured, n_steps=n_samples)
-
+        carry = (state.params, state.opt_state, jnp.zeros(batch.completions.shape, jnp.float32))
+        (params, opt_state, logp_first), per_it = jax.lax.scan(
+            iteration, carry, jnp.arange(obj.num_iterations)
+        )
+        aux, kl_coef, ent_coef, signals, grad_norm = jax.tree.map(lambda x: x[0], per_it)  # iteration 1
+        kl_state = kl_ctrl.update(state.kl_ctrl, signals[kl_ctrl.measures], n_steps=n_samples)
+        ent_state = ent_ctrl.update(state.ent_ctrl, signals[ent_ctrl.measures], n_steps=n_samples)
         ref_params, ref_due = update_reference(state.ref_params, params, state.step + 1, obj)
-        metrics = _metrics(batch, obj, mask, adv, aux_first, logp_first, grad_norms[0], opt_state)
+
+        metrics = _metrics(batch, rewards, obj, mask, adv, aux, logp_first, grad_norm, opt_state)
         metrics.update(
             {
-                "coef/kl": kl_first,
-                "coef/entropy": ent_first,
+                "coef/kl": kl_coef,
+                "coef/entropy": ent_coef,
                 "coef/kl_next": kl_state.coef,
                 "coef/entropy_next": ent_state.coef,
-                "loss/final_iteration": aux.loss,
-                "nonfinite/rewards": nonfinite_rewards,
+                "loss/final_iteration": per_it[0].loss[-1],
+                "nonfinite/rewards": jnp.sum(~finite).astype(jnp.float32),
                 "ref/updated": ref_due,
             }
         )
+        if obj.overlong_cache_len > 0:
+            metrics["reward/correctness"] = masked_mean(batch.rewards, batch.group_mask)
+            metrics["reward/overlong"] = masked_mean(rewards - batch.rewards, batch.group_mask)
         if obj.baseline != "group":
             metrics.update(_baseline_metrics(batch))
         if obj.loss.tis_cap is not None:  # off-policy diagnostics: the truncated IS weights of this batch
@@ -227,19 +188,28 @@ def make_train_step(
             ent_ctrl=ent_state,
             ref_params=ref_params,
         )
-        return new_state, metrics
+        return new_state, metrics, {"advantages": adv, "rewards": rewards}
 
     if not jit:
         return step
     if shardings is None:
         return jax.jit(step, donate_argnums=0)
     state_sh, batch_sh = shardings
-    return jax.jit(step, donate_argnums=0, in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, None))
+    jitted = jax.jit(
+        step, donate_argnums=0, in_shardings=(state_sh, batch_sh, None), out_shardings=(state_sh, None, None)
+    )
+
+    def sharded_step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+        return jitted(state, batch, frozen)  # frozen positional: in_shardings covers every argument
+
+    sharded_step._cache_size = jitted._cache_size
+    return sharded_step
 
 
 def advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
     """[B, G] sequence advantages of a batch under the objective's estimator and baseline, plus
-    multiscale_w_tests x the per-test sub-goal advantage when that is on."""
+    multiscale_w_tests x the per-test sub-goal advantage when that is on. (`batch.rewards` as given: the
+    train step passes the shaped rewards.)"""
     adv = outcome_advantages(batch, obj)
     if obj.multiscale_w_tests > 0:
         sub = multi_scale_advantages(
@@ -258,7 +228,7 @@ def advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
 
 
 def outcome_advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
-    """[B, G] advantages of the all-pass outcome reward (group or pool/mix baseline)."""
+    """[B, G] advantages of the outcome reward (group or pool/mix baseline)."""
     if obj.baseline == "group":
         return compute_advantages(
             batch.rewards, method=obj.adv_method, ddof=obj.adv_ddof, eps=obj.adv_eps, mask=batch.group_mask
@@ -310,15 +280,15 @@ def _baseline_metrics(batch: GRPOBatch) -> dict[str, jax.Array]:
     }
 
 
-def _metrics(batch, obj, mask, adv, aux, logp, grad_norm, opt_state) -> dict[str, jax.Array]:
+def _metrics(batch, rewards, obj, mask, adv, aux, logp, grad_norm, opt_state) -> dict[str, jax.Array]:
     gm = batch.group_mask
-    r = batch.rewards
+    r = rewards
     n = jnp.maximum(gm.sum(), 1.0)
     # per-group reward std (population) to detect groups that give no policy gradient
     g_std = masked_std(r, gm, axis=-1)
     groups_valid = (gm.sum(-1) > 0).astype(jnp.float32)
     lengths = batch.completion_mask.sum(-1)
-    success = (r >= obj.success_threshold).astype(jnp.float32)
+    success = (batch.rewards >= obj.success_threshold).astype(jnp.float32)
     adv_rms = jnp.sqrt(jnp.sum(jnp.square(adv) * gm) / n)
     big = jnp.where(gm > 0, lengths, jnp.inf)
     small = jnp.where(gm > 0, lengths, -jnp.inf)

@@ -20,7 +20,8 @@ from grpo_jax.policies import sampling  # noqa: E402
 from grpo_jax.policies import transformer as tfm  # noqa: E402
 from grpo_jax.train import sharding  # noqa: E402
 from grpo_jax.train.state import init_state, make_optimizer  # noqa: E402
-from grpo_jax.train.step import batch_from_samples, make_train_step, transformer_logits_fn  # noqa: E402
+from grpo_jax.train.step import make_train_step, transformer_logits_fn  # noqa: E402
+from grpo_jax.types import batch_from_samples  # noqa: E402
 
 CFG = tfm.TransformerConfig(
     vocab_size=32, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64, qkv_bias=True
@@ -56,7 +57,7 @@ def run(mesh=None, model_parallel=False):
     step = make_train_step(transformer_logits_fn(CFG), OBJ, OPT, shardings=shardings)
     ms = []
     for b in data:
-        state, m = step(state, b)
+        state, m, _ = step(state, b)
         ms.append({k: float(v) for k, v in m.items()})
     return jax.device_get(state.params), ms, state
 

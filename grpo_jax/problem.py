@@ -1,6 +1,9 @@
 """The one problem type shared by the procedural task suite, HumanEval and MBPP.
 
-Host-side only (no JAX). A `Problem` carries everything the sandbox needs to grade a completion:
+A neutral module (stdlib only, no JAX): it imports nothing of grpo_jax but the sandbox's `TestCase`, so the
+sandbox, the code-generation tasks and the trainer can all use it without importing each other.
+
+A `Problem` carries everything the sandbox needs to grade a completion:
 
 * `tests`: parent-graded tests. Each is `assert CALL == EXPECTED` split in two: only `call` (a Python
   expression) is evaluated in the sandboxed child; `expected` (plain data) never leaves the parent, which
@@ -11,29 +14,20 @@ Host-side only (no JAX). A `Problem` carries everything the sandbox needs to gra
 `completion_mode` says how a model completion becomes a program:
 * "append": program = prompt + completion (human-eval convention: the prompt is the signature + docstring);
 * "program": the completion is the whole program (MBPP convention).
+
+`TestCase` is re-exported here: ``from grpo_jax.problem import Problem, TestCase``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Literal
+
+from grpo_jax.sandbox.types import TestCase
+
+__all__ = ["CompletionMode", "Problem", "TestCase"]
 
 CompletionMode = Literal["append", "program"]
-
-
-@dataclasses.dataclass(frozen=True)
-class TestCase:
-    """One parent-graded test: `assert {call} == {expected!r}`.
-
-    `call` is evaluated in the child after the program ran; `expected` is plain data (None, bool, int, float,
-    str, list, tuple, dict of those) that stays in the parent. `float_tol` > 0 allows |got - expected| <= tol
-    for floats (only where the task says so); otherwise comparison is exact and type-strict (bool is not int).
-    """
-
-    call: str
-    expected: Any
-    source: str = ""
-    float_tol: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,320 @@
+"""The command line of a run, DERIVED from the config tree (grpo_jax.config): one absl flag per leaf field.
+
+    define_flags(FLAGS)                        # --d_model, --kl_coef, --pool_capacity, ... from RunConfig
+    argv = parse(sys.argv)                     # absl parsing with one-line errors (exit status 2)
+    cfg, notes = config_from_flags(FLAGS)      # RunConfig (validated) + what the precedence rule decided
+
+A leaf field `f` of a section with FLAG_PREFIX `p` is the flag `--{p}{f}` unless its metadata names the flag;
+its help text, default and type come from the field (str fields list their valid values; the value check is
+the dataclass's own, so an error reads `--kl_coef=-1.0: must be >= 0`). Types: bool, int, float, str;
+`float | None` / `int | None` ("none" = None); tuples as comma lists (`--eval_ks=1,8`); schedules as
+`step:value` lists (`--pool_k_schedule=0:8,100:16`). Fields marked "derived" have no flag.
+
+Precedence, one rule: defaults < everything on the command line in the order written, flagfiles expanded
+where they appear; the LAST setting of a field wins. `--preset=NAME` counts as setting all of the preset's
+fields (grpo_jax.presets) at the place it appears. So `--flagfile=quickstart.flags --preset=dapo` gives
+DAPO's β even though quickstart.flags sets `--kl_coef=0`, and `--preset=dapo --kl_coef=0.01` gives β =
+0.01. Every field where a preset and a flag disagree is reported in the notes (printed at start, kept in
+run.json), so a preset is never undone silently.
+
+This is the only module that reads absl flags; the library takes a RunConfig.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+import typing
+from typing import Any
+
+from absl import flags
+
+from grpo_jax import config as C
+from grpo_jax.errors import ConfigError
+
+_EXPANDED: list[str] = []  # argv with flagfiles expanded in place (set by `parse`), for the precedence rule
+
+
+# ------------------------------------------------------------------------------------------------------------
+# parsers for the non-scalar field types
+# ------------------------------------------------------------------------------------------------------------
+
+
+class _Optional(flags.ArgumentParser):
+    def __init__(self, inner: type):
+        self.inner = inner
+
+    def parse(self, argument):
+        if argument is None or (
+            isinstance(argument, str) and argument.strip().lower() in ("", "none", "off")
+        ):
+            return None
+        try:
+            return self.inner(argument)
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a {self.inner.__name__} or none") from None
+
+    def flag_type(self):
+        return f"{self.inner.__name__} or none"
+
+
+class _Tuple(flags.ArgumentParser):
+    """'1,8' -> (1, 8); a tuple default is taken as it is."""
+
+    def __init__(self, inner: type):
+        self.inner = inner
+
+    def parse(self, argument):
+        if isinstance(argument, tuple | list):
+            return tuple(self.inner(x) for x in argument)
+        items = [x.strip() for x in str(argument).split(",") if x.strip()]
+        try:
+            return tuple(self.inner(x) for x in items)
+        except ValueError:
+            raise ValueError(f"expected a comma-separated list of {self.inner.__name__}") from None
+
+    def flag_type(self):
+        return f"comma-separated {self.inner.__name__} list"
+
+
+class _Schedule(flags.ArgumentParser):
+    """'0:8,100:16' -> ((0, 8), (100, 16))."""
+
+    def __init__(self, value_type: type):
+        self.value_type = value_type
+
+    def parse(self, argument):
+        if isinstance(argument, tuple | list):
+            return tuple((int(s), self.value_type(v)) for s, v in argument)
+        out = []
+        for item in (x.strip() for x in str(argument).split(",")):
+            if not item:
+                continue
+            try:
+                s, v = item.split(":")
+                out.append((int(s), self.value_type(v)))
+            except ValueError:
+                raise ValueError(
+                    f"expected 'step:value,...' pairs (step an int, value a {self.value_type.__name__}), "
+                    "e.g. 0:8,100:16"
+                ) from None
+        return tuple(out)
+
+    def flag_type(self):
+        return "step:value list"
+
+
+class _Serializer(flags.ArgumentSerializer):
+    def serialize(self, value):
+        return format_value(value)
+
+
+def format_value(value: Any) -> str:
+    """How a field value is written on the command line."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return ",".join(":".join(map(str, v)) if isinstance(v, tuple | list) else str(v) for v in value)
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# the flag table
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class FlagSpec:
+    flag: str  # absl flag name
+    path: str  # dotted RunConfig path
+    owner: type  # the dataclass that owns the field
+    field: str
+    kind: str  # bool | int | float | str | optional | tuple | schedule
+
+
+def flag_table(root: type = C.RunConfig) -> list[FlagSpec]:
+    """Every leaf field of the tree with its flag name, in tree order."""
+    out: list[FlagSpec] = []
+
+    def walk(cls: type, prefix: str) -> None:
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for name, tp in C.field_types(cls).items():
+            f = fields[name]
+            if C.is_section(tp):
+                walk(tp, f"{prefix}{name}.")
+                continue
+            if "derived" in f.metadata:
+                continue
+            flag = f.metadata.get("flag", getattr(cls, "FLAG_PREFIX", "") + name)
+            out.append(FlagSpec(flag, prefix + name, cls, name, _kind(tp)))
+
+    walk(root, "")
+    names = [s.flag for s in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AssertionError(f"config fields map to the same flag: {dup}")
+    return out
+
+
+def _kind(tp: Any) -> str:
+    if tp is bool:
+        return "bool"
+    if tp in (int, float, str):
+        return tp.__name__
+    args = typing.get_args(tp)
+    if isinstance(tp, types.UnionType) and type(None) in args:
+        return "optional"
+    if typing.get_origin(tp) is tuple:
+        return "schedule" if typing.get_origin(args[0]) is tuple else "tuple"
+    raise TypeError(f"no flag type for {tp!r}")
+
+
+def _inner(tp: Any) -> Any:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    return args[0]
+
+
+def define_flags(fv: flags.FlagValues = flags.FLAGS) -> list[FlagSpec]:
+    """Define one absl flag per leaf of RunConfig in `fv` (once); returns the flag table."""
+    table = flag_table()
+    types_ = {}
+    for cls in C.SECTIONS:
+        for name, tp in C.field_types(cls).items():
+            types_[(cls, name)] = tp
+    for spec in table:
+        f = spec.owner.__dataclass_fields__[spec.field]
+        tp = types_[(spec.owner, spec.field)]
+        help_ = f.metadata.get("help", spec.field)
+        if "choices" in f.metadata:
+            help_ += f" (valid: {', '.join(f.metadata['choices'])})"
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kw = dict(flag_values=fv)
+        if spec.kind == "bool":
+            flags.DEFINE_bool(spec.flag, default, help_, **kw)
+        elif spec.kind == "int":
+            flags.DEFINE_integer(spec.flag, default, help_, **kw)
+        elif spec.kind == "float":
+            flags.DEFINE_float(spec.flag, default, help_, **kw)
+        elif spec.kind == "str":
+            flags.DEFINE_string(spec.flag, default, help_, **kw)
+        else:
+            if spec.kind == "optional":
+                parser = _Optional(_inner(tp))
+            elif spec.kind == "tuple":
+                parser = _Tuple(typing.get_args(tp)[0])
+            else:
+                parser = _Schedule(typing.get_args(typing.get_args(tp)[0])[1])
+            flags.DEFINE(parser, spec.flag, default, help_, serializer=_Serializer(), **kw)
+    return table
+
+
+# ------------------------------------------------------------------------------------------------------------
+# flags -> RunConfig
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _positions(expanded: list[str], fv: flags.FlagValues) -> dict[str, int]:
+    """{flag name: index of its last occurrence} in the expanded argv."""
+    pos: dict[str, int] = {}
+    for i, arg in enumerate(expanded):
+        if arg == "--":
+            break
+        if not arg.startswith("-"):
+            continue
+        name = arg.lstrip("-").split("=", 1)[0]
+        if name not in fv and name.startswith("no") and name[2:] in fv:
+            name = name[2:]
+        pos[name] = i
+    return pos
+
+
+def config_from_flags(fv: flags.FlagValues = flags.FLAGS, expanded: list[str] | None = None):
+    """(RunConfig, notes) from parsed flags. `expanded`: the argv with flagfiles inlined (default: what
+    `parse` saw); it decides which of a preset and a flag came last. Raises ConfigError-derived
+    `FlagError` with the flag's name on a bad value."""
+    from grpo_jax import presets
+
+    table = flag_table()
+    pos = _positions(_EXPANDED if expanded is None else expanded, fv)
+    by_path = {s.path: s for s in table}
+    values: dict[str, Any] = {}
+    where: dict[str, int] = {}
+    for s in table:
+        if fv[s.flag].present:
+            values[s.path] = _value(fv[s.flag].value, s.kind)
+            where[s.path] = pos.get(s.flag, len(pos) + 1)
+    notes: list[str] = []
+    name = values.get("preset", "")
+    if name:
+        try:
+            preset = presets.get_preset(name)
+        except ValueError as e:
+            raise FlagError(f"--preset={name}: {e}") from None
+        at = pos.get("preset", -1)
+        for path, v in preset.values:
+            if path in values and where[path] > at:
+                if values[path] != v:
+                    notes.append(
+                        f"preset {name}: {by_path[path].flag}={format_value(v)} replaced by "
+                        f"--{by_path[path].flag}={format_value(values[path])} (given after --preset)"
+                    )
+                continue
+            if path in values and values[path] != v:
+                notes.append(
+                    f"preset {name}: --{by_path[path].flag}={format_value(values[path])} (given before "
+                    f"--preset) replaced by the preset's {format_value(v)}"
+                )
+            values[path] = v
+        notes.append(f"preset {name}: {preset.notes}")
+    try:
+        cfg = C.from_leaves(values)
+    except ConfigError as e:
+        raise FlagError(describe(e, table)) from None
+    return cfg, notes
+
+
+def _value(v: Any, kind: str) -> Any:
+    if kind in ("tuple", "schedule"):
+        return tuple(v)
+    return v
+
+
+class FlagError(ValueError):
+    """A flag value the config rejects; the message starts with the flag: `--name=value: why`."""
+
+
+def describe(e: ConfigError, table: list[FlagSpec] | None = None) -> str:
+    """A ConfigError rewritten in terms of the flag that sets the field."""
+    table = table or flag_table()
+    owner_paths = {}
+    for s in table:  # the path of each section class, from any of its fields
+        owner_paths.setdefault(s.owner.__name__, s.path[: -len(s.field)])
+    path = owner_paths.get(e.owner, "") + e.field
+    for s in table:
+        if s.path == path:
+            return f"--{s.flag}={format_value(e.value)}: {e.why}"
+    return str(e)
+
+
+def fail(msg: str) -> typing.NoReturn:
+    """One line on stderr, exit status 2, nothing written."""
+    print(f"error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def parse(argv: list[str], fv: flags.FlagValues = flags.FLAGS) -> list[str]:
+    """absl flag parsing with a one-line error (missing or garbled flagfile, bad type, unknown flag); keeps
+    the flagfile-expanded argv for the precedence rule."""
+    global _EXPANDED
+    try:
+        rest = fv(argv)
+        _EXPANDED = fv.read_flags_from_files(list(argv[1:]), force_gnu=False)
+        return rest
+    except flags.Error as e:
+        fail(str(e).replace("ERROR:: ", ""))
+    except UnicodeDecodeError as e:  # a flagfile that is not text
+        fail(f"a --flagfile is not valid UTF-8 text ({e.reason} at byte {e.start})")
+    raise AssertionError("unreachable")

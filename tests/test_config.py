@@ -1,0 +1,160 @@
+"""The config tree (grpo_jax.config) and the command line derived from it (grpo_jax.cli): one flag per
+field, the precedence rule (last setting wins, a preset counts where it appears), errors that name the flag,
+and every shipped flagfile resolving to the preset it names."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from absl import flags
+
+from grpo_jax import cli, presets
+from grpo_jax import config as C
+from grpo_jax.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+FLAGFILES = ROOT / "experiments" / "flagfiles"
+
+
+def resolve(*args, workdir="/tmp/never"):
+    """(RunConfig, notes) for a command line, parsed into a fresh FlagValues."""
+    fv = flags.FlagValues()
+    cli.define_flags(fv)
+    argv = ["prog", f"--workdir={workdir}", *args]
+    fv(argv)
+    return cli.config_from_flags(fv, fv.read_flags_from_files(argv[1:], force_gnu=False))
+
+
+def test_every_field_is_one_flag_with_help():
+    table = cli.flag_table()
+    leaves = set(C.leaves(C.RunConfig(workdir="x")))
+    assert {s.path for s in table} == leaves - {"objective.loss.max_len"}  # the one derived field
+    for s in table:
+        assert s.owner.__dataclass_fields__[s.field].metadata.get("help"), s.path
+    # the flag names users know survived the redesign
+    names = {s.flag for s in table}
+    for old in ("kl_coef", "pool_capacity", "curriculum", "controller", "sft_steps", "eval_ks", "log_every",
+                "sample_log_every", "keep_checkpoints", "checkpoint_every", "sandbox_workers", "tis_cap",
+                "replay_fraction", "lora_targets", "pool_k_schedule", "dual_clip", "delta",
+                "kl_bias_correction", "overlong_cache_len", "kl_schedule", "controller_horizon"):  # fmt: skip
+        assert old in names, old
+
+
+def test_defaults_equal_the_tree_defaults():
+    cfg, notes = resolve()
+    assert cfg == C.RunConfig(workdir="/tmp/never") and notes == []
+
+
+def test_types_lists_schedules_and_none():
+    args = ["--eval_ks=1,4", "--pool_capacity=8", "--pool_k_schedule=0:2,10:8", "--dual_clip=3"]
+    args += ["--kl_coef=0.03", "--kl_schedule=0:0.03,100:0.01", "--noqkv_bias", "--tis_cap=none"]
+    cfg, _ = resolve(*args)
+    assert cfg.eval.ks == (1, 4) and cfg.pool.k_schedule == ((0, 2), (10, 8))
+    assert cfg.objective.loss.dual_clip == 3.0 and cfg.objective.loss.tis_cap is None
+    assert cfg.objective.kl_schedule == ((0, 0.03), (100, 0.01)) and cfg.model.qkv_bias is False
+
+
+def test_preset_after_a_flagfile_wins_and_says_so():
+    # the bug: quickstart.flags' --kl_coef=0.0 silently beat --preset=deepseekmath
+    cfg, notes = resolve(f"--flagfile={FLAGFILES / 'quickstart.flags'}", "--preset=deepseekmath")
+    assert cfg.objective.kl_coef == 0.04 and cfg.objective.uses_reference
+    assert any("--kl_coef=0.0 (given before --preset) replaced by the preset's 0.04" in n for n in notes)
+
+
+def test_flag_after_the_preset_wins_and_says_so():
+    cfg, notes = resolve("--preset=r1", "--kl_coef=0.01")
+    assert cfg.objective.kl_coef == 0.01 and cfg.objective.ref_update == "hard"
+    assert any("kl_coef=0.001 replaced by --kl_coef=0.01 (given after --preset)" in n for n in notes)
+    # the same flag before the preset is overridden by it
+    cfg, _ = resolve("--kl_coef=0.01", "--preset=r1")
+    assert cfg.objective.kl_coef == 0.001
+
+
+def test_trl_default_keeps_its_kl_bias_correction():
+    cfg, _ = resolve(f"--flagfile={FLAGFILES / 'trl_default.flags'}")
+    assert cfg.objective.loss.kl_bias_correction is True
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--kl_coef=-1"], "--kl_coef=-1.0: must be >= 0"),
+        (["--group_size=1"], "--group_size=1: must be >= 2"),
+        (["--kl_anchor=old", "--kl_coef=0.04"], "--kl_anchor=old: with num_iterations=1"),
+        (["--controller=seed_entropy", "--controller_horizon=5"], "--controller_horizon=5: not a parameter"),
+        (["--controller=ziegler_kl", "--kl_coef=0"], "--kl_coef=0.0: controller 'ziegler_kl' scales"),
+        (["--kl_schedule=0:0.03,10:0.01"], "--kl_schedule=0:0.03,10:0.01: its step-0 value must equal"),
+        (["--kl_schedule=5:0.04"], "--kl_schedule=5:0.04: steps must start at 0"),
+        (["--baseline=pool"], "--baseline=pool: needs a policy pool"),
+        (["--async_rewards"], "--async_rewards=true: replayed and asynchronous rollouts are off-policy"),
+        (["--mesh_data=2"], "--mesh_data=2: the main job does not build a device mesh yet"),
+        (["--adv_method=zscore"], "--adv_method=zscore: valid: grpo, dr_grpo, rloo, batch_std"),
+        (["--preset=ppo"], "--preset=ppo: unknown preset 'ppo'; valid presets are deepseekmath"),
+        (["--preset=dapo"], "--overlong_cache_len=4096: must be < max_new_tokens=24"),
+        (["--curriculum_start_level=3"], "--curriculum_start_level=3: an index into rl_levels"),
+    ],
+)
+def test_bad_values_name_the_flag(args, message):
+    with pytest.raises(cli.FlagError) as e:
+        resolve(*args)
+    assert str(e.value).startswith(message), str(e.value)
+
+
+def test_config_errors_name_the_field_in_library_use():
+    with pytest.raises(ConfigError, match=r"ObjectiveConfig.kl_coef=-1: must be >= 0"):
+        C.ObjectiveConfig(kl_coef=-1)
+    with pytest.raises(ConfigError, match=r"RunConfig.rollout.prompts_per_step=999"):
+        C.RunConfig(workdir="x", rollout=C.RolloutConfig(prompts_per_step=999))
+    # the KL to π_old is legal when μ > 1 makes it non-zero
+    C.ObjectiveConfig(num_iterations=2, loss=C.GRPOLossConfig(kl_anchor="old"))
+
+
+def test_derived_max_len_follows_max_new_tokens():
+    cfg = C.RunConfig(workdir="x", rollout=C.RolloutConfig(max_new_tokens=17))
+    assert cfg.objective.loss.max_len == 17
+    cfg2 = dataclasses.replace(cfg, rollout=C.RolloutConfig(max_new_tokens=9))
+    assert cfg2.objective.loss.max_len == 9
+
+
+def test_controller_resolution():
+    for kind, drives in (("seed_entropy", "entropy_coef"), ("skywork_entropy", "entropy_coef"),
+                         ("ppo_adaptive_kl", "kl_coef"), ("ziegler_kl", "kl_coef")):  # fmt: skip
+        assert C.ControllerConfig(kind=kind).drives == drives
+    assert (
+        C.ControllerConfig(kind="seed_entropy", acts_on="kl_coef").drives == "kl_coef"
+    )  # the seed's reading
+    assert C.ControllerConfig().drives is None
+    cfg, _ = resolve("--controller=ziegler_kl", "--controller_target=0.02", "--controller_horizon=500")
+    assert cfg.objective.controller.params() == {"target": 0.02, "horizon": 500}
+
+
+def _documented_changes(path: Path, preset) -> tuple[set[str], str]:
+    """Flags of the preset's fields set after --preset in a flagfile, and the text of its comments."""
+    lines = path.read_text().splitlines()
+    comment = " ".join(ln for ln in lines if ln.startswith("#"))
+    after = lines[next(i for i, ln in enumerate(lines) if ln.startswith("--preset=")) + 1 :]
+    paths = {p for p, _ in preset.values}
+    recipe_flags = {s.flag for s in cli.flag_table() if s.path in paths}
+    given = {ln[2:].split("=")[0] for ln in after if ln.startswith("--")}
+    return given & recipe_flags, comment
+
+
+@pytest.mark.parametrize("path", sorted(FLAGFILES.glob("*.flags")), ids=lambda p: p.name)
+def test_every_flagfile_resolves_and_preset_flagfiles_keep_their_preset(path):
+    cfg, _ = resolve(f"--flagfile={path}")
+    text = path.read_text()
+    if "--preset=" not in text:
+        return
+    name = text.split("--preset=")[1].split()[0]
+    preset = presets.get_preset(name)
+    changed, comment = _documented_changes(path, preset)
+    assert "Changes to the preset" in comment, path.name
+    by_path = {s.path: s.flag for s in cli.flag_table()}
+    for p, value in preset.values:
+        flag = by_path.get(p)
+        if flag in changed:
+            assert flag in comment, (
+                f"{path.name}: --{flag} changes the preset but its comment does not say so"
+            )
+            continue
+        assert C.get_path(cfg, p) == value, f"{path.name}: {p} = {C.get_path(cfg, p)!r}, preset {value!r}"

@@ -1,0 +1,234 @@
+"""Acyclic layers: the import graph of grpo_jax follows the table below, and "no JAX" modules import no JAX.
+
+* `test_layer_rule`: every `import` / `from ... import` in every .py file under grpo_jax/ (at top level and
+  inside functions; relative imports resolved) is checked against `RULES`. Only grpo_jax targets are ruled on.
+* `test_no_jax`: each module whose docstring promises no JAX (and every module of the host-side packages) is
+  imported in a fresh interpreter, which must not have loaded JAX afterwards.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import fnmatch
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "grpo_jax"
+
+ONLY = "may import only"  # every grpo_jax import of these files must lie under one of the modules listed
+NEVER = "must not import"  # no grpo_jax import of these files may lie under any of the modules listed
+
+
+class Rule(NamedTuple):
+    files: str | tuple[str, ...]  # fnmatch pattern(s) of paths under grpo_jax/
+    kind: str  # ONLY | NEVER
+    modules: tuple[str, ...]  # grpo_jax.<name> (a module and everything below it)
+    unless: tuple[str, ...] = ()  # fnmatch patterns of paths under grpo_jax/ that the rule does not cover
+
+
+# neutral modules: policies may import them; they import nothing of grpo_jax but each other
+NEUTRAL = ("types", "rng", "errors")
+
+# fmt: off
+RULES = {
+    # rule id    files under grpo_jax/  kind  grpo_jax.<modules>
+    "core":      Rule("core/*",     ONLY,  ("core", "errors")),
+    "policies":  Rule("policies/*", ONLY,  ("core", "policies", *NEUTRAL)),
+    "sandbox":   Rule("sandbox/*",  ONLY,  ("sandbox",)),
+    "problem":   Rule("problem.py", ONLY,  ("sandbox.types",)),
+    "codegen":   Rule("codegen/*",  NEVER, ("train", "policies", "core", "pool", "config")),
+    "envs":      Rule("envs/*",     NEVER, ("train", "config")),
+    "train-top": Rule("*",          NEVER, ("train",), unless=("train/*", "__init__.py")),
+    "neutral":   Rule(tuple(f"{m}.py" for m in NEUTRAL), ONLY, NEUTRAL),
+}
+# fmt: on
+
+# Host-side packages: every module in them is checked for JAX, whatever its docstring says.
+NO_JAX_PACKAGES = ("grpo_jax.sandbox", "grpo_jax.codegen")
+NO_JAX_MODULES = ("grpo_jax.problem",)
+# A docstring that says one of these about its own module is a promise this test holds it to.
+NO_JAX_CLAIM = re.compile(r"\bno JAX\b|never imports? (?:grpo_jax or )?jax\b|without JAX", re.IGNORECASE)
+JAX_FAMILY = ("jax", "jaxlib", "flax", "optax", "orbax", "chex")
+
+
+# ------------------------------------------------------------------------------------------------------------
+# The import graph (AST only: nothing is imported)
+# ------------------------------------------------------------------------------------------------------------
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _module_name(rel: str) -> str:
+    parts = rel.removesuffix(".py").split("/")
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name: str) -> bool:
+    p = ROOT.joinpath(*name.split("."))
+    return p.with_suffix(".py").is_file() or p.is_dir()
+
+
+def grpo_imports(source: str, module: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """(line, target) for every grpo_jax import in `source` (all nesting levels; relative ones resolved).
+
+    `from a.b import c` targets `a.b.c` when that is a module or package on disk, else `a.b`.
+    """
+    package = module if is_package else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                out.append((node.lineno, sub if a.name != "*" and _is_module(sub) else base))
+    return sorted({(ln, t) for ln, t in out if t == "grpo_jax" or t.startswith("grpo_jax.")})
+
+
+def _under(target: str, prefixes) -> bool:
+    return any(target == p or target.startswith(p + ".") for p in prefixes)
+
+
+def _files() -> list[Path]:
+    return sorted(p for p in PKG.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _rule_files(rule: Rule) -> list[str]:
+    def match(rel: str, pattern: str) -> bool:
+        return fnmatch.fnmatch(rel, "grpo_jax/" + pattern)
+
+    patterns = (rule.files,) if isinstance(rule.files, str) else rule.files
+    rels = [_rel(p) for p in _files()]
+    return [
+        r for r in rels if any(match(r, f) for f in patterns) and not any(match(r, u) for u in rule.unless)
+    ]
+
+
+def violations_in(rel: str, source: str, rule: Rule) -> list[str]:
+    """The imports of one file (repo path `rel`, text `source`) that break `rule`."""
+    modules = ["grpo_jax." + m for m in rule.modules]
+    bad = []
+    for line, target in grpo_imports(source, _module_name(rel), rel.endswith("/__init__.py")):
+        inside = _under(target, modules)
+        if (rule.kind is ONLY and not inside) or (rule.kind is NEVER and inside):
+            bad.append(f"{rel}:{line} imports {target}")
+    return bad
+
+
+@pytest.mark.parametrize("rule_id", list(RULES))
+def test_layer_rule(rule_id):
+    rule = RULES[rule_id]
+    files = _rule_files(rule)
+    assert files, f"rule {rule_id}: {rule.files!r} matches no file"
+    bad = [v for rel in files for v in violations_in(rel, (ROOT / rel).read_text(), rule)]
+    patterns = (rule.files,) if isinstance(rule.files, str) else rule.files
+    what = " ".join(f"grpo_jax/{f}" for f in patterns) + f" {rule.kind} "
+    what += ", ".join("grpo_jax." + m for m in rule.modules) or "nothing of grpo_jax"
+    assert not bad, f"rule {rule_id} ({what}):\n  " + "\n  ".join(bad)
+
+
+def test_import_scanner_sees_every_kind_of_import():
+    src = (
+        "import os\n"
+        "import grpo_jax.core.losses as L\n"
+        "from grpo_jax.sandbox import types\n"
+        "from grpo_jax.sandbox.types import Job\n"
+        "from . import grading\n"
+        "from ..train import step\n"
+        "def f():\n"
+        "    if True:\n"
+        "        from grpo_jax import train\n"
+        "class C:\n"
+        "    def m(self):\n"
+        "        import grpo_jax.config\n"
+    )
+    assert grpo_imports(src, "grpo_jax.sandbox.executor") == [
+        (2, "grpo_jax.core.losses"),
+        (3, "grpo_jax.sandbox.types"),
+        (4, "grpo_jax.sandbox.types"),
+        (5, "grpo_jax.sandbox.grading"),
+        (6, "grpo_jax.train.step"),
+        (9, "grpo_jax.train"),
+        (12, "grpo_jax.config"),
+    ]
+    # each kind of rule flags a function-level import
+    late = (
+        "import numpy\ndef f():\n    from grpo_jax.problem import Problem\n    import grpo_jax.train.step\n"
+    )
+    assert violations_in("grpo_jax/sandbox/x.py", late, RULES["sandbox"]) == [
+        "grpo_jax/sandbox/x.py:3 imports grpo_jax.problem",
+        "grpo_jax/sandbox/x.py:4 imports grpo_jax.train.step",
+    ]
+    assert violations_in("grpo_jax/codegen/x.py", late, RULES["codegen"]) == [
+        "grpo_jax/codegen/x.py:4 imports grpo_jax.train.step"
+    ]
+    ok = "from grpo_jax.sandbox.types import TestCase\n"
+    assert violations_in("grpo_jax/problem.py", ok, RULES["problem"]) == []
+    assert _under("grpo_jax.train", ["grpo_jax.train"]) and not _under("grpo_jax.trainer", ["grpo_jax.train"])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# "no JAX" is checked by importing, in a fresh interpreter
+# ------------------------------------------------------------------------------------------------------------
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def no_jax_modules() -> list[str]:
+    names = set(NO_JAX_MODULES)
+    for path in _files():
+        name = _module_name(_rel(path))
+        if _under(name, NO_JAX_PACKAGES) or NO_JAX_CLAIM.search(_docstring(path)):
+            names.add(name)
+    return sorted(names)
+
+
+_PROBE = (
+    "import importlib, json, sys; importlib.import_module(sys.argv[1]); "
+    "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in sys.argv[2:])))"
+)
+
+
+@pytest.mark.parametrize("module", no_jax_modules())
+def test_no_jax(module):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run(
+        [sys.executable, "-c", _PROBE, module, *JAX_FAMILY],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, f"import {module} failed:\n{r.stderr[-2000:]}"
+    loaded = json.loads(r.stdout.strip().splitlines()[-1])
+    assert not loaded, f'importing {module} loaded {loaded[:10]} ("jax" in sys.modules: {"jax" in loaded})'
+
+
+def test_no_jax_list_covers_the_promises():
+    names = no_jax_modules()
+    for m in ("grpo_jax.problem", "grpo_jax.sandbox", "grpo_jax.sandbox.executor", "grpo_jax.codegen"):
+        assert m in names
+    assert "grpo_jax.codegen.pipeline" in names and "grpo_jax.codegen.passk" in names
+
+
+def test_problem_reexports_the_sandbox_testcase():
+    from grpo_jax import problem
+    from grpo_jax.sandbox import types
+
+    assert problem.TestCase is types.TestCase
+    assert [f.name for f in dataclasses.fields(types.TestCase)] == ["call", "expected", "source", "float_tol"]
