@@ -42,11 +42,22 @@ from grpo_jax.types import GRPOBatch
 
 sg = jax.lax.stop_gradient
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
+# logp_fn(params, prompt, prompt_mask, completions, temperature) -> (logp [B, G, T], entropy [B, G, T])
+LogpFn = Callable[[Any, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]]
 
 
 def transformer_logits_fn(cfg: tfm.TransformerConfig) -> LogitsFn:
     def fn(params, prompt, prompt_mask, completions):
         return tfm.forward_grouped(params, cfg, prompt, prompt_mask, completions)[0]
+
+    return fn
+
+
+def logp_from_logits(logits_fn: LogitsFn) -> LogpFn:
+    """The LogpFn of a LogitsFn: full [B, G, T, V] logits, then token log-probs and entropies."""
+
+    def fn(params, prompt, prompt_mask, completions, temperature):
+        return tfm.token_logp(logits_fn(params, prompt, prompt_mask, completions), completions, temperature)
 
     return fn
 
@@ -70,7 +81,7 @@ def total_rewards(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
 
 
 def make_train_step(
-    logits_fn: LogitsFn,
+    logits_fn: LogitsFn | None,
     obj: ObjectiveConfig,
     optimizer: optax.GradientTransformation,
     *,
@@ -78,8 +89,13 @@ def make_train_step(
     jit: bool = True,
     shardings: tuple[Any, Any] | None = None,
     param_fn: Callable[[Any, Any], Any] | None = None,
+    logp_fn: LogpFn | None = None,
 ):
     """Build `train_step(state, batch, frozen=None) -> (state, metrics, outputs)`.
+
+    The policy enters through `logits_fn(params, prompt, prompt_mask, completions) -> [B, G, T, V]` or, when
+    given instead, `logp_fn(params, prompt, prompt_mask, completions, temperature) -> (logp, entropy)` (e.g.
+    a chunked LM head that never materialises the full logits).
 
     jit=True compiles it once (the TrainState is donated; `frozen` is not); `shardings=(state_sharding,
     batch_sharding)` pins input/output shardings for multi-device meshes (grpo_jax.train.sharding).
@@ -89,13 +105,15 @@ def make_train_step(
     """
     if obj.overlong_cache_len > 0 and obj.loss.max_len is None:
         raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
+    if (logits_fn is None) == (logp_fn is None):
+        raise ValueError("make_train_step: give exactly one of logits_fn and logp_fn")
+    logp_fn = logp_fn or logp_from_logits(logits_fn)
     kl_ctrl, ent_ctrl = make_controllers(obj)
     anchor_is_ref = obj.loss.kl_anchor == "ref"
 
     def token_stats(params, frozen, batch):
         full = params if param_fn is None else param_fn(params, frozen)
-        logits = logits_fn(full, batch.prompt, batch.prompt_mask, batch.completions)
-        return tfm.token_logp(logits, batch.completions, temperature)
+        return logp_fn(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
 
     def step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
         # a non-finite reward is a data bug: its member leaves the group (and is counted in the metrics)
