@@ -33,7 +33,17 @@ from absl import flags
 from grpo_jax import config as C
 from grpo_jax.errors import ConfigError
 
-_EXPANDED: list[str] = []  # argv with flagfiles expanded in place (set by `parse`), for the precedence rule
+_EXPANDED: list[str] = []
+# ModelConfig fields that a pretrained checkpoint (--init_from) decides
+_SHAPE_FIELDS = (
+    "d_model",
+    "n_layers",
+    "n_heads",
+    "n_kv_heads",
+    "d_ff",
+    "qkv_bias",
+    "tie_embeddings",
+)  # argv with flagfiles expanded in place (set by `parse`), for the precedence rule
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -269,6 +279,13 @@ def config_from_flags(fv: flags.FlagValues = flags.FLAGS, expanded: list[str] | 
                 )
             values[path] = v
         notes.append(f"preset {name}: {preset.notes}")
+    shape = [s for s in table if s.owner is C.ModelConfig and s.field in _SHAPE_FIELDS and fv[s.flag].present]
+    if values.get("model.init_from") and shape:
+        s = shape[0]
+        raise FlagError(
+            f"--{s.flag}={format_value(values[s.path])}: the model's shape comes from --init_from="
+            f"{values['model.init_from']}; drop the shape flags ({', '.join('--' + x.flag for x in shape)})"
+        )
     try:
         cfg = C.from_leaves(values)
     except ConfigError as e:

@@ -37,11 +37,13 @@ import json
 import typing
 from typing import Any, ClassVar
 
+from grpo_jax.codegen.pipeline import DEFAULT_INSTRUCTION, PROGRAM_INSTRUCTION, PromptFormat
 from grpo_jax.codegen.tasks import LEVELS
 from grpo_jax.core.advantages import GROUP_ADV_METHODS
 from grpo_jax.core.controllers import CONTROLLER_KINDS, KL_CONTROLLERS
 from grpo_jax.core.losses import GRPOLossConfig
 from grpo_jax.errors import fail
+from grpo_jax.models.pretrained import resolve as resolve_checkpoint
 from grpo_jax.policies.lora import TARGETS as LORA_TARGETS
 
 BASELINES = ("group", "pool", "mix")
@@ -50,6 +52,8 @@ EXPLORE_MODES = ("temperature", "param_noise")
 MULTISCALE_MODES = ("mean_of_tests", "fraction")
 CURRICULUM_KINDS = ("uniform", "levels", "pass_rate", "levels+pass_rate")
 DTYPES = ("float32", "bfloat16", "float16")
+TASK_SOURCES = ("procedural", "mbpp")
+PROMPT_FORMATS = ("plain", "chat")
 # multiplicative controllers: a coefficient that starts at 0 stays 0
 _MULTIPLICATIVE = ("seed_entropy", "ppo_adaptive_kl", "ziegler_kl")
 # which optional controller parameters each kind takes (grpo_jax.core.controllers factories)
@@ -98,9 +102,28 @@ def _schedule_ok(obj, name, what):
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The transformer policy trained from scratch (Qwen2/Llama style; grpo_jax.policies.transformer)."""
+    """The transformer policy (grpo_jax.policies.transformer): a pretrained checkpoint (`init_from`, with its
+    own architecture and tokenizer) or one trained from scratch with the shape below and the procedural
+    512-id tokenizer."""
 
     FLAG_PREFIX: ClassVar[str] = ""
+    init_from: str = opt(
+        "",
+        "Pretrained checkpoint: a Hugging Face directory (config.json + safetensors), a "
+        ".gguf file, or a known name (smollm2-135m-instruct); its architecture replaces the "
+        "shape flags below. Empty = a random init of that shape.",
+    )
+    tokenizer: str = opt(
+        "",
+        "Tokenizer (a directory with tokenizer.json, or a .gguf file); empty = the "
+        "checkpoint's own (init_from), or the procedural 512-id tokenizer without one.",
+    )
+    remat: bool = opt(False, "Rematerialise each layer in the backward pass (memory for compute).")
+    logp_chunk: int = opt(
+        0,
+        "Compute token log-probs and entropies from the LM head in chunks of this many "
+        "positions, never materialising [B, G, T, V] logits (0 = full logits).",
+    )
     d_model: int = opt(128, "Model width.")
     n_layers: int = opt(2, "Transformer layers.")
     n_heads: int = opt(4, "Query heads.")
@@ -116,6 +139,13 @@ class ModelConfig:
     )
 
     def __post_init__(self):
+        for name in ("init_from", "tokenizer"):
+            if getattr(self, name):
+                try:
+                    resolve_checkpoint(getattr(self, name))
+                except FileNotFoundError as e:
+                    fail(self, name, str(e).split(": ", 1)[-1])
+        _positive(self, ("logp_chunk",), strict=False)
         _positive(self, ("d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff"))
         if self.d_model % self.n_heads:
             fail(self, "n_heads", f"must divide d_model={self.d_model}")
@@ -128,9 +158,37 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """The procedural function-synthesis suite (grpo_jax.codegen.tasks): levels and sizes."""
+    """What the model trains and is evaluated on, and how it is prompted.
+
+    source "procedural": the function-synthesis suite (grpo_jax.codegen.tasks; levels, sizes, held-out split
+    by construction); "mbpp": the bundled MBPP, RL on its train split (task ids 601-974), held-out = its test
+    split (11-510). prompt_format "plain" continues the prompt; "chat" wraps it in an instruction through the
+    tokenizer's chat template and grades the first ```python block of the reply (instruct models).
+    """
 
     FLAG_PREFIX: ClassVar[str] = ""
+    source: str = opt(
+        "procedural",
+        "Problems: procedural (the synthetic suite) or mbpp (train split for RL, test split held out).",
+        choices=TASK_SOURCES,
+    )
+    prompt_format: str = opt(
+        "plain",
+        "plain (the model continues the prompt) or chat (the prompt in an "
+        "instruction through the chat template; code = the reply's first ```python "
+        "block).",
+        choices=PROMPT_FORMATS,
+    )
+    chat_instruction: str = opt(
+        DEFAULT_INSTRUCTION,
+        "The chat user turn for function-completion problems; {prompt} is replaced by the problem's prompt.",
+    )
+    program_instruction: str = opt(
+        PROGRAM_INSTRUCTION,
+        "The chat user turn for whole-program problems "
+        "(MBPP); {prompt} is replaced by the problem's text with its tests.",
+    )
+    system_prompt: str = opt("", "A system turn for chat prompts (empty = the template's default).")
     sft_levels: tuple[int, ...] = opt((0, 1), "Task levels of the SFT warm start.")
     rl_levels: tuple[int, ...] = opt((0, 1), "Task levels GRPO trains on.")
     eval_levels: tuple[int, ...] = opt((0, 1), "Held-out task levels evaluated.")
@@ -144,6 +202,18 @@ class TaskConfig:
             if not levels or any(lv not in LEVELS for lv in levels) or len(set(levels)) != len(levels):
                 fail(self, f, f"must be distinct levels from {', '.join(map(str, LEVELS))}")
         _positive(self, ("train_per_level", "heldout_per_level", "prompt_len"))
+        _choice(self, "source", TASK_SOURCES)
+        _choice(self, "prompt_format", PROMPT_FORMATS)
+        for name in ("chat_instruction", "program_instruction"):
+            if "{prompt}" not in getattr(self, name):
+                fail(self, name, "must contain {prompt} (where the problem's prompt goes)")
+
+    @property
+    def prompt(self):
+        """The grpo_jax.codegen.pipeline.PromptFormat of the problems of this config."""
+        return PromptFormat(
+            self.prompt_format, self.chat_instruction, self.system_prompt, self.program_instruction
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -544,14 +614,29 @@ class EvalConfig:
 
     FLAG_PREFIX: ClassVar[str] = "eval_"
     every: int = opt(0, "Held-out evaluation every N GRPO steps (0 = after SFT and at the end only).")
-    samples: int = opt(8, "Samples per held-out problem for pass@k.")
-    ks: tuple[int, ...] = opt((1, 8), "k values of pass@k.")
+    samples: int = opt(
+        8, "Samples per held-out problem for pass@k (0 = greedy pass@1 only; then --eval_ks=)."
+    )
+    ks: tuple[int, ...] = opt((1, 8), "k values of pass@k (empty with --eval_samples=0).")
     batch: int = opt(16, "Prompts per evaluation sampler call.")
+    mbpp: int = opt(
+        0,
+        "Also evaluate greedy pass@1 on the first N problems of MBPP's test split (task ids "
+        "11-510; 0 = off, 500 = all), reported as mbpp/pass@1.",
+    )
+    humaneval: bool = opt(
+        False, "Also evaluate greedy pass@1 on HumanEval's 164 problems (humaneval/pass@1)."
+    )
 
     def __post_init__(self):
         _positive(self, ("every",), strict=False)
-        _positive(self, ("samples", "batch"))
-        if not self.ks or any(not 1 <= k <= self.samples for k in self.ks):
+        _positive(self, ("batch",))
+        _positive(self, ("samples",), strict=False)
+        if not 0 <= self.mbpp <= 500:
+            fail(self, "mbpp", "must be in [0, 500] (the size of MBPP's test split)")
+        if self.samples == 0 and self.ks:
+            fail(self, "ks", "must be empty with samples=0 (greedy pass@1 only)")
+        if self.samples and (not self.ks or any(not 1 <= k <= self.samples for k in self.ks)):
             fail(self, "ks", f"every k must be in [1, samples={self.samples}]")
 
 
@@ -579,6 +664,13 @@ class CheckpointConfig:
     FLAG_PREFIX: ClassVar[str] = "checkpoint_"
     every: int = opt(25, "Checkpoint every N GRPO steps (0 = only after SFT, at the end and on a signal).")
     keep: int = opt(2, "Checkpoints kept.", flag="keep_checkpoints")
+    export_hf: bool = opt(
+        False,
+        "At the end, also write the policy as a Hugging Face directory (workdir/hf: "
+        "config.json, model.safetensors, tokenizer files; LoRA adapters merged) for "
+        "transformers / vLLM. On demand: python -m experiments.export.",
+        flag="export_hf",
+    )
 
     def __post_init__(self):
         _positive(self, ("every",), strict=False)
@@ -630,6 +722,7 @@ RESUMABLE_CHANGES = (
     "eval.every",
     "checkpoint.every",
     "checkpoint.keep",
+    "checkpoint.export_hf",
     "log.every",
     "log.sample_every",
     "sandbox.workers",

@@ -177,7 +177,7 @@ def make_member_sampler(
     *,
     group: int,
     max_new: int,
-    eos_id: int,
+    eos_id: int | tuple[int, ...],
     pad_id: int,
     member_fn: Callable[[Any, Any], Any] | None = None,
 ):

@@ -103,6 +103,7 @@ POOL = (
     "--kl_coef=0.04",
     "--ref_update=ema",
     "--ref_ema_tau=0.1",
+    "--export_hf",
     "--steps=8",
 )
 
@@ -130,6 +131,40 @@ def test_pool_lora_ema_run_and_extension_resume(tmp_path):
     a, b = (json.loads((tmp_path / d / "results.json").read_text()) for d in ("full", "ext"))
     assert a["final_params_sha256"] == b["final_params_sha256"]
     assert b["grpo_eval_step"] == 8 and a["grpo"] == {**b["grpo"], "seconds": a["grpo"]["seconds"]}
+    _check_export(tmp_path / "full")
+
+
+def _check_export(wd):
+    """--export_hf: transformers loads workdir/hf (LoRA merged) with the logits of the trained policy, the
+    tokenizer round-trips, and the adapters alone are in PEFT's format next to it."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    import transformers
+
+    from grpo_jax.models.pretrained import load_pretrained, load_tokenizer
+    from grpo_jax.policies import transformer as tfm
+    from grpo_jax.train import loop
+
+    r, state = loop.open_checkpoint(str(wd), print_fn=lambda s: None)
+    try:
+        params = loop.policy_params(r, state)
+    finally:
+        r.ckpt.close()
+    model = transformers.AutoModelForCausalLM.from_pretrained(wd / "hf", dtype=torch.float32).eval()
+    tok = load_tokenizer(str(wd / "hf"))
+    ids = tok.encode("def solve(n):\n    return n + 1\n")
+    with torch.no_grad():
+        theirs = model(torch.tensor([ids])).logits[0].numpy()
+    ours = np.asarray(tfm.forward(params, r.model, jnp.asarray([ids]), jnp.ones((1, len(ids))))[0][0])
+    np.testing.assert_allclose(ours, theirs, atol=2e-4 * np.abs(theirs).max())
+    cfg2, params2 = load_pretrained(str(wd / "hf"))
+    assert (cfg2.d_model, cfg2.n_layers, cfg2.vocab_size) == (
+        r.model.d_model,
+        r.model.n_layers,
+        r.model.vocab_size,
+    )
+    assert (wd / "hf_peft" / "adapter_config.json").exists()
 
 
 SPARSE = (

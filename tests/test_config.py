@@ -158,3 +158,21 @@ def test_every_flagfile_resolves_and_preset_flagfiles_keep_their_preset(path):
             )
             continue
         assert C.get_path(cfg, p) == value, f"{path.name}: {p} = {C.get_path(cfg, p)!r}, preset {value!r}"
+
+
+def test_pretrained_model_flags():
+    cfg, _ = resolve("--init_from=smollm2-135m-instruct", "--prompt_format=chat", "--logp_chunk=256")
+    assert cfg.model.init_from == "smollm2-135m-instruct" and cfg.tasks.prompt.kind == "chat"
+    # the checkpoint decides the shape: a shape flag next to --init_from is an error, not silently ignored
+    with pytest.raises(cli.FlagError, match=r"--d_model=64: the model's shape comes from --init_from"):
+        resolve("--init_from=smollm2-135m-instruct", "--d_model=64")
+    with pytest.raises(
+        cli.FlagError, match=r"--init_from=no/such/dir: not a Hugging Face checkpoint directory"
+    ):
+        resolve("--init_from=no/such/dir")
+    with pytest.raises(cli.FlagError, match=r"--chat_instruction=Solve it.: must contain \{prompt\}"):
+        resolve("--chat_instruction=Solve it.")
+    cfg, _ = resolve("--eval_samples=0", "--eval_ks=", "--eval_mbpp=20", "--eval_humaneval")
+    assert (cfg.eval.samples, cfg.eval.ks, cfg.eval.mbpp, cfg.eval.humaneval) == (0, (), 20, True)
+    with pytest.raises(cli.FlagError, match=r"--eval_ks=1,8: must be empty with samples=0"):
+        resolve("--eval_samples=0")

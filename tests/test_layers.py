@@ -44,6 +44,7 @@ RULES = {
     "core":      Rule("core/*",     ONLY,  ("core", "errors")),
     "policies":  Rule("policies/*", ONLY,  ("core", "policies", *NEUTRAL)),
     "sandbox":   Rule("sandbox/*",  ONLY,  ("sandbox",)),
+    "models":    Rule("models/*",   ONLY,  ("core", "policies", "models", "codegen.tokenizer", *NEUTRAL)),
     "problem":   Rule("problem.py", ONLY,  ("sandbox.types",)),
     "codegen":   Rule("codegen/*",  NEVER, ("train", "policies", "core", "pool", "config")),
     "envs":      Rule("envs/*",     NEVER, ("train", "config")),

@@ -114,3 +114,70 @@ def test_evaluate_with_an_injected_sampler(ex):
     assert out["status/passed"] == 12 and out["status/passed"] + out["status/wrong_answer"] == 24
     with pytest.raises(ValueError, match="n_samples"):
         pipeline.evaluate(sample_fn, ex, TOK, problems, n_samples=2, ks=[4], prompt_len=128, batch=4)
+
+
+# ------------------------------------------------------------------------------------------ chat prompting
+
+CHAT = pipeline.PromptFormat(kind="chat")
+
+
+class _ChatTok:
+    """A stand-in with the Tokenizer interface's chat part (the real SmolLM2 one is in test_tokenizers)."""
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        body = "".join(f"<{m['role']}>{m['content']}</{m['role']}>" for m in messages)
+        return body + ("<assistant>" if add_generation_prompt else "")
+
+
+@pytest.mark.parametrize(
+    "reply, code",
+    [
+        ("Sure:\n```python\ndef f(x):\n    return x\n```\nThis works.", "def f(x):\n    return x\n"),
+        ("```py\nx = 1\n```", "x = 1\n"),
+        ("```\nx = 2\n```\n```python\nx = 3\n```", "x = 2\n"),  # the first block
+        ("```python\ndef g():\n    return 1", "def g():\n    return 1"),  # cut off: to the end
+        ("def h():\n    return 2", "def h():\n    return 2"),  # no fence: the whole reply
+        ("```Python3  \nprint(1)\n```", "print(1)\n"),
+    ],
+)
+def test_extract_code(reply, code):
+    assert pipeline.extract_code(reply) == code
+
+
+def test_render_prompt_puts_the_problem_in_the_instruction():
+    p = PROBLEMS[0]
+    text = pipeline.render_prompt(_ChatTok(), p, CHAT)
+    assert text.startswith("<user>Complete the following Python function.") and text.endswith("<assistant>")
+    assert p.prompt in text
+    sys_fmt = pipeline.PromptFormat(kind="chat", system="Be terse.")
+    assert pipeline.render_prompt(_ChatTok(), p, sys_fmt).startswith("<system>Be terse.</system><user>")
+    assert pipeline.render_prompt(_ChatTok(), p) == p.prompt  # plain: the prompt as it is
+    with pytest.raises(ValueError, match="chat template"):
+        pipeline.render_prompt(TOK, p, CHAT)  # the procedural tokenizer has none: a clear error
+
+
+def test_chat_replies_are_graded_by_their_code(ex):
+    """A reply that redefines the whole function passes; one with only a body passes (it continues the
+    prompt's docstring-only function); prose around the block is ignored; a wrong one fails."""
+    p = PROBLEMS[0]
+    body = pipeline.reference_body(p)
+    whole = p.reference
+    replies = [
+        f"Here it is:\n```python\n{whole}```\nIt returns the right value.",
+        f"```python\n{body}```",
+        "```python\ndef solve(n):\n    return None\n```",
+        "I cannot do that.",
+    ]
+    verdicts, r = pipeline.score_completions(ex, [p], replies, 4, fmt=CHAT)
+    assert r.tolist() == [[1.0, 1.0, 0.0, 0.0]], [v.status for v in verdicts]
+
+
+def test_decode_stops_at_any_eos_id():
+    class Tok(CodeTokenizer):
+        eos_ids = (TOK.eos_id, TOK.encode("!")[0])
+
+    tok = Tok()
+    ids = tok.encode("ab") + tok.encode("!") + tok.encode("cd")
+    tokens = np.asarray([ids])
+    assert pipeline.decode_completions(tok, tokens, np.ones_like(tokens)) == ["ab"]
+    assert pipeline.decode_completions(TOK, tokens, np.ones_like(tokens)) == ["ab!cd"]

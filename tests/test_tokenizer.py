@@ -126,3 +126,19 @@ def test_encode_batch():
     assert ids_t[2].tolist() == full[-6:] and mask_t[2].tolist() == [1] * 6
     ids_t, _ = TOK.encode_batch(texts, 6, pad_left=False, truncate=True)
     assert ids_t[2].tolist() == full[:6]
+
+
+def test_trainer_interface(tmp_path):
+    """CodeTokenizer satisfies grpo_jax.models.tokenizers.Tokenizer without changing any id."""
+    from grpo_jax.models.tokenizers import Tokenizer, load_tokenizer
+
+    assert isinstance(TOK, Tokenizer)
+    assert TOK.eos_ids == (TOK.eos_id,) == (2,) and TOK.bos_id == 1 and TOK.chat_template is None
+    assert TOK.encode("def f(x):", add_special_tokens=True) == [TOK.bos_id, *TOK.encode("def f(x):")]
+    assert TOK.encode("def f(x):", add_special_tokens=True) == TOK.encode("def f(x):", bos=True)
+    with pytest.raises(ValueError, match="CodeTokenizer has no chat template"):
+        TOK.apply_chat_template([{"role": "user", "content": "hi"}])
+    pytest.importorskip("tokenizers")  # save() writes a tokenizer.json with the `tokenizers` library
+    TOK.save(tmp_path)
+    back = load_tokenizer(tmp_path)
+    assert type(back) is tk.CodeTokenizer and back.fingerprint() == TOK.fingerprint()

@@ -5,24 +5,86 @@ used from any process, and the JAX process calls it between its jitted pieces ("
 
 Shapes: B problems, G completions per problem, P prompt tokens (left-padded), T completion tokens,
 N = B * G completions flattened problem-major (the G completions of problem b are rows b*G .. b*G+G-1).
+
+Prompting (`PromptFormat`): "plain" shows the model the problem's prompt as it is and the completion
+continues it (the procedural suite and HumanEval convention: program = prompt + completion); "chat" renders
+the prompt in an instruction through the tokenizer's chat template (instruct models), the model replies, and
+the code is the first fenced block of the reply (`extract_code`). Generation stops at any of the
+tokenizer's `eos_ids` (an instruct model's end-of-turn token included). `tok` is any
+grpo_jax.models.tokenizers.Tokenizer (the procedural CodeTokenizer or a real one).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from grpo_jax.codegen import rewards as rewards_lib
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.codegen.passk import pass_at_k
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Verdict
 
 # sample_fn(prompt [b, P], prompt_mask [b, P], n, greedy) -> (tokens [b, n, T], mask [b, n, T])
 SampleFn = Callable[[np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
+
+
+DEFAULT_INSTRUCTION = (
+    "Complete the following Python function. Reply with the complete function in a single ```python code "
+    "block.\n\n```python\n{prompt}```"
+)
+
+
+PROGRAM_INSTRUCTION = "{prompt}\nReply with the Python code in a single ```python code block."
+
+
+class PromptFormat(NamedTuple):
+    """How a problem is shown to the model: kind "plain" (the prompt as it is) or "chat" (`instruction` —
+    `program_instruction` for whole-program problems such as MBPP — with {prompt} filled in, as the user turn
+    of the tokenizer's chat template, after an optional system turn)."""
+
+    kind: str = "plain"
+    instruction: str = DEFAULT_INSTRUCTION
+    system: str = ""
+    program_instruction: str = PROGRAM_INSTRUCTION
+
+
+PLAIN = PromptFormat()
+BUCKET = 64  # prompt-length granularity of evaluation batches with prompt_len=None
+_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
+
+
+def render_prompt(tok, problem: Problem, fmt: PromptFormat = PLAIN) -> str:
+    """The text the model is shown for `problem`."""
+    if fmt.kind == "plain":
+        return problem.prompt
+    if fmt.kind != "chat":
+        raise ValueError(f"PromptFormat.kind={fmt.kind!r}: valid: plain, chat")
+    messages = [{"role": "system", "content": fmt.system}] if fmt.system else []
+    template = fmt.instruction if problem.completion_mode == "append" else fmt.program_instruction
+    messages.append({"role": "user", "content": template.replace("{prompt}", problem.prompt)})
+    return tok.apply_chat_template(messages, add_generation_prompt=True)
+
+
+def extract_code(reply: str) -> str:
+    """The code of a chat reply: the first fenced block (```python ... ```; an unclosed fence runs to the
+    end), or the whole reply when it has no fence."""
+    m = _FENCE.search(reply)
+    return m.group(1) if m else reply
+
+
+def completion_for(problem: Problem, reply: str, fmt: PromptFormat = PLAIN) -> str:
+    """The completion that `problem.program_for` turns into a program. Chat: the extracted code; for an
+    append-mode problem it follows the prompt on a new line, so a whole redefined function (a new `def` at
+    column 0) replaces the prompt's docstring-only one and an indented body continues it."""
+    if fmt.kind == "plain":
+        return reply
+    code = extract_code(reply)
+    return "\n" + code if problem.completion_mode == "append" else code
 
 
 def reference_body(problem: Problem) -> str:
@@ -33,7 +95,7 @@ def reference_body(problem: Problem) -> str:
 
 
 def encode_prompts(
-    tok: CodeTokenizer, problems: Sequence[Problem], prompt_len: int
+    tok, problems: Sequence[Problem], prompt_len: int, fmt: PromptFormat = PLAIN
 ) -> tuple[np.ndarray, np.ndarray]:
     """Left-padded prompt tokens and mask, both int32 [B, P]; ValueError names a prompt that does not fit."""
     if prompt_len <= 0:
@@ -41,7 +103,7 @@ def encode_prompts(
     ids = np.full((len(problems), prompt_len), tok.pad_id, np.int32)
     mask = np.zeros((len(problems), prompt_len), np.int32)
     for i, p in enumerate(problems):
-        row = tok.encode(p.prompt)
+        row = tok.encode(render_prompt(tok, p, fmt))
         if len(row) > prompt_len:
             raise ValueError(
                 f"prompt of {p.task_id} has {len(row)} tokens, more than prompt_len={prompt_len} "
@@ -52,21 +114,29 @@ def encode_prompts(
     return ids, mask
 
 
+def sft_target(problem: Problem, fmt: PromptFormat = PLAIN) -> str:
+    """The supervised reply: plain, the reference body (the whole program for program-mode problems, MBPP);
+    chat, the whole reference in a ```python block."""
+    if fmt.kind == "chat":
+        return f"```python\n{problem.reference.rstrip()}\n```"
+    return problem.reference if problem.completion_mode == "program" else reference_body(problem)
+
+
 def sft_examples(
-    tok: CodeTokenizer, problems: Sequence[Problem], prompt_len: int, completion_len: int
+    tok, problems: Sequence[Problem], prompt_len: int, completion_len: int, fmt: PromptFormat = PLAIN
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(prompt [B, P], prompt_mask [B, P], completion [B, T], completion_mask [B, T]), all int32.
 
-    The completion is the reference body followed by EOS, right-padded with pad_id; its mask is 1 on the body
-    tokens and on the EOS. ValueError names a problem whose body + EOS does not fit in completion_len."""
-    prompt, pmask = encode_prompts(tok, problems, prompt_len)
+    The completion is the reference (`sft_target`) followed by EOS, right-padded with pad_id; its mask is 1 on
+    the target tokens and on the EOS. ValueError names a problem whose target + EOS does not fit."""
+    prompt, pmask = encode_prompts(tok, problems, prompt_len, fmt)
     comp = np.full((len(problems), completion_len), tok.pad_id, np.int32)
     cmask = np.zeros((len(problems), completion_len), np.int32)
     for i, p in enumerate(problems):
-        row = tok.encode(reference_body(p)) + [tok.eos_id]
+        row = tok.encode(sft_target(p, fmt)) + [tok.eos_id]
         if len(row) > completion_len:
             raise ValueError(
-                f"reference body of {p.task_id} has {len(row)} tokens with EOS, more than "
+                f"SFT target of {p.task_id} has {len(row)} tokens with EOS, more than "
                 f"completion_len={completion_len} (raise completion_len)"
             )
         comp[i, : len(row)] = row
@@ -74,9 +144,10 @@ def sft_examples(
     return prompt, pmask, comp, cmask
 
 
-def decode_completions(tok: CodeTokenizer, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
+def decode_completions(tok, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
     """Text of each row of tokens [N, T] (or [B, G, T], flattened row-major): the masked tokens up to (not
-    including) the first EOS, special tokens skipped."""
+    including) the first of the tokenizer's eos_ids, special tokens and ids outside the tokenizer's vocabulary
+    (a model's padded embedding rows, e.g. Qwen2.5's 151 936 rows for 151 665 tokens) skipped."""
     tokens = np.asarray(tokens)
     mask = np.asarray(mask)
     tokens = tokens.reshape(-1, tokens.shape[-1])
@@ -84,11 +155,17 @@ def decode_completions(tok: CodeTokenizer, tokens: np.ndarray, mask: np.ndarray)
     out = []
     for row, m in zip(tokens, mask, strict=True):
         ids = row[m > 0]
-        eos = np.flatnonzero(ids == tok.eos_id)
+        eos = np.flatnonzero(np.isin(ids, np.asarray(stop_ids(tok))))
         if eos.size:
             ids = ids[: eos[0]]
+        ids = ids[ids < tok.vocab_size]  # padded embedding rows past the vocabulary decode to ""
         out.append(tok.decode(ids.tolist(), skip_special=True))
     return out
+
+
+def stop_ids(tok) -> tuple[int, ...]:
+    """Every id that ends a generation (eos_ids of a real tokenizer; the CodeTokenizer's EOS)."""
+    return tuple(getattr(tok, "eos_ids", None) or (tok.eos_id,))
 
 
 def score_completions(
@@ -97,54 +174,65 @@ def score_completions(
     completions: Sequence[str],
     group: int,
     deadline_s: float | None = None,
+    fmt: PromptFormat = PLAIN,
 ) -> tuple[list[Verdict], np.ndarray]:
-    """Grade completions in the sandbox: (verdicts [N], all-pass rewards float32 [B, G]).
+    """Grade completions (the model's replies) in the sandbox: (verdicts [N], all-pass rewards [B, G]).
 
     completions are problem-major: len(completions) == len(problems) * group."""
     if group < 1 or len(completions) != len(problems) * group:
         raise ValueError(
             f"score_completions: {len(completions)} completions for {len(problems)} problems x group={group}"
         )
-    verdicts = executor.run(jobs_for(problems, completions), deadline_s=deadline_s)
+    programs = [completion_for(problems[i // group], c, fmt) for i, c in enumerate(completions)]
+    verdicts = executor.run(jobs_for(problems, programs), deadline_s=deadline_s)
     r = rewards_lib.all_pass_rewards(verdicts).reshape(len(problems), group)
     return verdicts, r
 
 
 def _batched_samples(
     sample_fn: SampleFn,
-    tok: CodeTokenizer,
+    tok,
     problems: Sequence[Problem],
-    prompt_len: int,
+    prompt_len: int | None,
     batch: int,
     n: int,
     greedy: bool,
+    fmt: PromptFormat,
 ) -> list[str]:
     """Problem-major completion texts (n per problem); the last batch is padded by repeating a problem so
-    the sampler sees one static shape."""
-    texts: list[str] = []
-    for start in range(0, len(problems), batch):
-        chunk = list(problems[start : start + batch])
+    the sampler sees one static shape. prompt_len None: problems are batched in order of prompt length and
+    each batch is padded to its own length (a multiple of BUCKET), so one long prompt pads no other batch."""
+    order = list(range(len(problems)))
+    if prompt_len is None:
+        lengths = [len(tok.encode(render_prompt(tok, p, fmt))) for p in problems]
+        order.sort(key=lambda i: lengths[i])
+    texts: list[str] = [""] * (len(problems) * n)
+    for start in range(0, len(order), batch):
+        ids = order[start : start + batch]
+        chunk = [problems[i] for i in ids]
         real = len(chunk)
         chunk += [chunk[-1]] * (batch - real)
-        prompt, pmask = encode_prompts(tok, chunk, prompt_len)
+        plen = prompt_len if prompt_len is not None else -(-max(lengths[i] for i in ids) // BUCKET) * BUCKET
+        prompt, pmask = encode_prompts(tok, chunk, plen, fmt)
         tokens, mask = sample_fn(prompt, pmask, n, greedy)
-        tokens = np.asarray(tokens)[:real]
-        mask = np.asarray(mask)[:real]
-        texts += decode_completions(tok, tokens, mask)
+        out = decode_completions(tok, np.asarray(tokens)[:real], np.asarray(mask)[:real])
+        for j, i in enumerate(ids):
+            texts[i * n : (i + 1) * n] = out[j * n : (j + 1) * n]
     return texts
 
 
 def evaluate(
     sample_fn: SampleFn,
     executor: Executor,
-    tok: CodeTokenizer,
+    tok,
     problems: Sequence[Problem],
     *,
     n_samples: int,
     ks: Sequence[int],
-    prompt_len: int,
+    prompt_len: int | None,
     batch: int,
     deadline_s: float | None = None,
+    fmt: PromptFormat = PLAIN,
 ) -> dict[str, float]:
     """Held-out metrics as a flat dict of floats.
 
@@ -152,7 +240,8 @@ def evaluate(
     "pass@k" for k in ks: unbiased estimate (Chen et al. 2021) from n_samples temperature samples per problem
     (k <= n_samples); "pass@1/sampled": the same estimator at k = 1 (mean per-sample pass rate);
     "level{L}/pass@1" (greedy) and "level{L}/pass_rate" (sampled) per level; "status/{s}" counts over the
-    sampled completions; "n_problems".
+    sampled completions; "n_problems". n_samples = 0 (with ks empty) evaluates greedy pass@1 only.
+    prompt_len None: each batch at its own prompt length (see _batched_samples).
     """
     ks = [int(k) for k in ks]
     if any(k < 1 or k > n_samples for k in ks):
@@ -162,8 +251,8 @@ def evaluate(
         raise ValueError("evaluate: no problems")
     out: dict[str, float] = {"n_problems": float(len(problems))}
 
-    greedy_texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, 1, True)
-    _, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s)
+    greedy_texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, 1, True, fmt)
+    _, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
     greedy_ok = greedy_r[:, 0]
     out["pass@1"] = float(greedy_ok.mean())
 
@@ -173,8 +262,8 @@ def evaluate(
         out[f"level{lv}/pass@1"] = float(greedy_ok[level_of == lv].mean())
 
     if n_samples > 0 and ks:
-        texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, n_samples, False)
-        verdicts, r = score_completions(executor, problems, texts, n_samples, deadline_s)
+        texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt)
+        verdicts, r = score_completions(executor, problems, texts, n_samples, deadline_s, fmt)
         correct = r.sum(axis=1).astype(int)
         out["pass@1/sampled"] = float(np.mean([pass_at_k(n_samples, c, 1) for c in correct]))
         for k in ks:

@@ -21,6 +21,11 @@ sequences decode with errors="replace".
 
 `VOCAB_SIZE` == 512 (8 specials + 256 bytes + 248 pieces); `fingerprint()` hashes the whole vocabulary
 for checkpoints.
+
+It satisfies the trainer's tokenizer interface (`grpo_jax.models.tokenizers.Tokenizer`): `eos_ids` = (EOS,),
+`bos_id`, `chat_template` = None (`apply_chat_template` raises: prompts are plain text), `encode(text,
+add_special_tokens=True)` prepends BOS, and `save(dir)` writes a tokenizer.json that transformers'
+AutoTokenizer loads with the same ids (`grpo_jax.models.tokenizers.save_code_tokenizer`).
 """
 
 from __future__ import annotations
@@ -103,6 +108,8 @@ class CodeTokenizer:
     pad_id: int = PAD_ID
     bos_id: int = BOS_ID
     eos_id: int = EOS_ID
+    eos_ids: tuple[int, ...] = (EOS_ID,)
+    chat_template: str | None = None
 
     def __init__(self) -> None:
         self._id_bytes: list[bytes] = [s.encode() for s in SPECIAL_TOKENS]  # specials: never emitted as text
@@ -120,7 +127,11 @@ class CodeTokenizer:
     def vocab_size(self) -> int:
         return VOCAB_SIZE
 
-    def encode(self, text: str, *, bos: bool = False, eos: bool = False) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = False, *, bos: bool = False, eos: bool = False
+    ) -> list[int]:
+        """Ids of `text` (no special ids); BOS first if `bos` or `add_special_tokens`; EOS last if `eos`."""
+        bos = bos or add_special_tokens
         try:
             data = text.encode("utf-8")
         except UnicodeEncodeError as e:
@@ -200,6 +211,19 @@ class CodeTokenizer:
                 ids[n, : len(row)] = row
                 mask[n, : len(row)] = 1
         return ids, mask
+
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+        raise ValueError(
+            "CodeTokenizer has no chat template (the procedural suite prompts with plain text): encode the "
+            "prompt directly, or use a real tokenizer (grpo_jax.models.tokenizers.load_tokenizer)"
+        )
+
+    def save(self, path) -> None:
+        """Write tokenizer.json / tokenizer_config.json / special_tokens_map.json for transformers'
+        AutoTokenizer (same ids for any text that does not spell a special token like "<eos>" literally)."""
+        from grpo_jax.models.tokenizers import save_code_tokenizer
+
+        save_code_tokenizer(self, path)
 
     def fingerprint(self) -> str:
         """sha256 of the whole vocabulary (specials, bytes, pieces, in id order); store it in checkpoints."""

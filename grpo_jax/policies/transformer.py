@@ -1,8 +1,12 @@
-"""Decoder-only transformer LM of the Llama / Qwen2 family, as pure functions over a parameter pytree.
+"""Decoder-only transformer LM of the Llama / Qwen2 / Qwen3 family, as pure functions over a parameter pytree.
 
 Architecture (Qwen2 = Llama + q/k/v bias): token embedding -> L x [RMSNorm -> GQA self-attention with RoPE
 -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding or untied),
-plus an optional scalar value head on the final hidden state (for PPO).
+plus an optional scalar value head on the final hidden state (for PPO). Options for real checkpoints (all off
+by default, leaving the default model bit-identical): per-head q/k RMSNorm before RoPE (Qwen3, `qk_norm`),
+an o_proj bias (Llama `attention_bias=True` biases q, k, v AND o: `qkv_bias` + `o_bias`), and Llama 3.1 RoPE
+frequency scaling (`rope_scaling=RopeScaling(...)`). grpo_jax.models.hf loads / saves Hugging Face
+checkpoints.
 
 Parameters are a plain nested dict; per-layer leaves are STACKED with a leading axis L, so the training
 forward is one `lax.scan` over layers (compile time independent of depth) and the pool (grpo_jax.pool) can
@@ -41,6 +45,38 @@ _NEG_INF = -1e30  # large finite negative: keeps fully-masked rows finite (they 
 
 
 @dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling of type "llama3" (Llama 3.1 / 3.2): hashable, static under jit.
+
+    Formula: transformers `modeling_rope_utils._compute_llama3_parameters` (see `rope_inv_freq`); the field
+    names are those of the HF `rope_parameters` / `rope_scaling` dict. Only rope_type "llama3" exists here."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self):
+        def bad(field, why):
+            raise ValueError(f"RopeScaling.{field}={getattr(self, field)!r}: {why}")
+
+        if self.rope_type != "llama3":
+            bad("rope_type", 'valid: "llama3" (other RoPE scalings are not implemented)')
+        if not self.factor > 0:
+            bad("factor", "must be > 0")
+        if not self.low_freq_factor > 0:
+            bad("low_freq_factor", "must be > 0")
+        if not self.high_freq_factor > self.low_freq_factor:
+            bad("high_freq_factor", f"must be > low_freq_factor={self.low_freq_factor}")
+        if int(self.original_max_position_embeddings) < 1:
+            bad("original_max_position_embeddings", "must be a positive integer")
+
+
+FAMILIES = ("llama", "qwen2", "qwen3")  # Hugging Face model_type values the config can be exported as
+
+
+@dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     vocab_size: int
     d_model: int
@@ -58,6 +94,12 @@ class TransformerConfig:
     param_dtype: str = "float32"
     remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
     init_std: float = 0.02
+    # --- real-checkpoint options (grpo_jax.models.hf); the defaults are today's model, bit for bit ---
+    qk_norm: bool = False  # Qwen3: RMSNorm over Dh of each q / k head (weights "q_norm"/"k_norm" [L, Dh])
+    o_bias: bool = False  # bias on o_proj (Llama attention_bias=True; with qkv_bias=True)
+    rope_scaling: RopeScaling | None = None  # Llama 3.1 "llama3" frequency scaling; None = plain RoPE
+    max_position_embeddings: int | None = None  # informative (config.json export); not enforced
+    family: str | None = None  # HF model_type to export as (None: inferred by grpo_jax.models.hf.save_hf)
 
     def __post_init__(self):
         def bad(field, why):
@@ -75,6 +117,31 @@ class TransformerConfig:
         for f in ("compute_dtype", "param_dtype"):
             if getattr(self, f) not in ("float32", "bfloat16", "float16"):
                 bad(f, "valid: float32, bfloat16, float16")
+        if isinstance(self.rope_scaling, dict):  # e.g. rebuilt from dataclasses.asdict / JSON
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            bad("rope_scaling", "must be None or a RopeScaling (rope_type 'llama3')")
+        if self.max_position_embeddings is not None and int(self.max_position_embeddings) < 1:
+            bad("max_position_embeddings", "must be None or a positive integer")
+        if self.family is not None:
+            if self.family not in FAMILIES:
+                bad("family", f"valid: None, {', '.join(FAMILIES)}")
+            if self.family == "qwen2" and (not self.qkv_bias or self.o_bias or self.qk_norm):
+                bad(
+                    "family",
+                    "qwen2 has q/k/v biases, no o_proj bias, no q/k norm: needs qkv_bias=True, "
+                    "o_bias=False, qk_norm=False",
+                )
+            if self.family in ("llama", "qwen3") and self.qkv_bias != self.o_bias:
+                bad(
+                    "family",
+                    f"{self.family}'s attention_bias biases q, k, v and o together: needs "
+                    f"qkv_bias == o_bias (got qkv_bias={self.qkv_bias}, o_bias={self.o_bias})",
+                )
+            if self.family == "llama" and self.qk_norm:
+                bad("family", "llama has no q/k norm: needs qk_norm=False (qwen3 has it)")
+            if self.family == "qwen3" and not self.qk_norm:
+                bad("family", "qwen3 always has the per-head q/k norm: needs qk_norm=True")
 
     @property
     def dim_head(self) -> int:
@@ -95,6 +162,7 @@ class TransformerConfig:
             self.n_layers,
         )
         attn = d * h * dh * 2 + d * k * dh * 2 + (h * dh + 2 * k * dh if self.qkv_bias else 0)
+        attn += (d if self.o_bias else 0) + (2 * dh if self.qk_norm else 0)
         layer = attn + 3 * d * f + 2 * d
         head = 0 if self.tie_embeddings else d * v
         return n * layer + v * d + d + head + (d + 1 if self.value_head else 0)
@@ -142,7 +210,8 @@ def _dt(name: str):
 
 
 def init_params(cfg: TransformerConfig, key: jax.Array) -> Params:
-    """Random init: N(0, init_std) weights, zero biases, unit norms; output projections x 1/sqrt(2L)."""
+    """Random init: N(0, init_std) weights, zero biases, unit norms (q/k norms too); output projections
+    x 1/sqrt(2L)."""
     pd = _dt(cfg.param_dtype)
     d, f, h, k, dh, n, v = (
         cfg.d_model,
@@ -171,12 +240,15 @@ def init_params(cfg: TransformerConfig, key: jax.Array) -> Params:
         "q_proj": dense(d, h * dh, std, cfg.qkv_bias),
         "k_proj": dense(d, k * dh, std, cfg.qkv_bias),
         "v_proj": dense(d, k * dh, std, cfg.qkv_bias),
-        "o_proj": dense(h * dh, d, out_std, False),
+        "o_proj": dense(h * dh, d, out_std, cfg.o_bias),
         "mlp_norm": jnp.ones((n, d), pd),
         "gate_proj": dense(d, f, std, False),
         "up_proj": dense(d, f, std, False),
         "down_proj": dense(f, d, out_std, False),
     }
+    if cfg.qk_norm:
+        layers["q_norm"] = jnp.ones((n, dh), pd)
+        layers["k_norm"] = jnp.ones((n, dh), pd)
     params: Params = {"embed": normal((v, d), std), "layers": layers, "final_norm": jnp.ones((d,), pd)}
     if not cfg.tie_embeddings:
         params["lm_head"] = normal((d, v), std)
@@ -211,12 +283,33 @@ def dense(x: jax.Array, p: dict, dtype) -> jax.Array:
     return y.reshape(*lead, y.shape[-1])
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021), rotate-half convention of Llama/Qwen2 checkpoints.
+def rope_inv_freq(dh: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """RoPE inverse frequencies [Dh/2] (float32): theta^(-2i/Dh) (Su et al. 2021), optionally rescaled.
 
-    x: [..., S, heads, Dh]; positions: [..., S] (integer)."""
-    dh = x.shape[-1]
+    "llama3" scaling, exactly transformers' `_compute_llama3_parameters` (modeling_rope_utils.py; Meta's
+    Llama 3.1 `apply_scaling`): with wavelen = 2 pi / inv_freq and L0 = original_max_position_embeddings,
+    wavelen < L0 / high_freq_factor keeps inv_freq; wavelen > L0 / low_freq_factor divides it by factor;
+    in between, inv_freq * ((1 - s) / factor + s) with s = (L0 / wavelen - low) / (high - low)."""
     inv = 1.0 / (theta ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))  # [Dh/2]
+    if scaling is None:
+        return inv
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    old = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv
+    inv_l = jnp.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return jnp.where(medium, smoothed, inv_l)
+
+
+def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """Rotary position embedding (Su et al. 2021), rotate-half convention of Llama/Qwen2 checkpoints
+    (transformers `rotate_half` / `apply_rotary_pos_emb`: dim i pairs with dim i + Dh/2).
+
+    x: [..., S, heads, Dh]; positions: [..., S] (integer); scaling: see `rope_inv_freq`."""
+    dh = x.shape[-1]
+    inv = rope_inv_freq(dh, theta, scaling)  # [Dh/2]
     ang = positions.astype(jnp.float32)[..., None] * inv  # [..., S, Dh/2]
     cos = jnp.cos(ang)[..., None, :]  # [..., S, 1, Dh/2]
     sin = jnp.sin(ang)[..., None, :]
@@ -227,14 +320,20 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, dtype):
-    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated)."""
+    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated).
+
+    With cfg.qk_norm (Qwen3, transformers Qwen3Attention): q and k are RMS-normalised over Dh per head
+    (weights lp["q_norm"] / lp["k_norm"] [Dh], eps = rms_eps) after the head reshape and before RoPE."""
     lead = h.shape[:-1]
     q = dense(h, lp["q_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
     k = dense(h, lp["k_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
     v = dense(h, lp["v_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    if cfg.qk_norm:
+        q = rms_norm(q, lp["q_norm"], cfg.rms_eps)
+        k = rms_norm(k, lp["k_norm"], cfg.rms_eps)
     qf = q.reshape(*lead, cfg.n_heads, cfg.dim_head)
-    q = rope(qf, positions, cfg.rope_theta).reshape(q.shape)
-    k = rope(k, positions, cfg.rope_theta)
+    q = rope(qf, positions, cfg.rope_theta, cfg.rope_scaling).reshape(q.shape)
+    k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
     return q, k, v
 
 
@@ -272,15 +371,24 @@ def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
     return carry
 
 
-def _head(cfg: TransformerConfig, params: Params, x: jax.Array):
-    """Final norm + LM head (float32 logits) + optional value head.
+def head_weight(params: Params, cfg: TransformerConfig) -> jax.Array:
+    """The LM-head matrix [D, V] (param dtype): embed.T when the embeddings are tied, else lm_head."""
+    return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+
+
+def _head(cfg: TransformerConfig, params: Params, x: jax.Array, return_hidden: bool = False):
+    """Final norm + LM head (float32 logits) + optional value head; with return_hidden, the final-norm
+    output h (compute dtype) in place of the logits (for a chunked head: grpo_jax.policies.logp).
 
     The head matmul takes compute-dtype inputs but accumulates and returns float32
     (preferred_element_type): with bf16 compute, a bf16 result cast afterwards would round every logit
     to 8 mantissa bits (|error| up to ~|logit|/256) before the float32 log-softmax."""
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
-    w = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    if return_hidden:
+        logits = h
+    else:
+        w = head_weight(params, cfg)
+        logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
     values = None
     if cfg.value_head:
         vh = params["value_head"]
@@ -336,6 +444,7 @@ def forward_grouped(
     prompt: jax.Array,
     prompt_mask: jax.Array,
     completions: jax.Array,
+    return_hidden: bool = False,
 ):
     """Logits of every completion token, with the prompt encoded once per group.
 
@@ -343,6 +452,8 @@ def forward_grouped(
     values [B, G, T] | None), where logits[b, g, t] is the distribution of completions[b, g, t] (it is read
     from the last prompt position for t = 0 and from completion token t-1 otherwise). Completion tokens after
     EOS are whatever the batch holds; they never influence earlier positions (causality); callers mask them.
+    return_hidden=True returns (hidden [B, G, T, D] after the final RMSNorm, in the compute dtype, values)
+    instead: logits = hidden @ head_weight(params, cfg), for a head that never materialises them all.
     """
     dtype = _dt(cfg.compute_dtype)
     pmask = prompt_mask.astype(bool)
@@ -384,7 +495,7 @@ def forward_grouped(
     # hidden state that predicts completion token t: last prompt position (t=0), else completion t-1
     last = jnp.broadcast_to(xp[:, None, -1:, :], (b, g, 1, xp.shape[-1]))
     hid = jnp.concatenate([last, xc[:, :, :-1]], axis=2)  # [B,G,T,D]
-    return _head(cfg, params, hid)
+    return _head(cfg, params, hid, return_hidden)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -32,9 +33,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import rng as rng_lib
-from grpo_jax.codegen import pipeline, tasks
+from grpo_jax.codegen import datasets, pipeline, tasks
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.config import RESUMABLE_CHANGES, OptimConfig, RunConfig
+from grpo_jax.config import RESUMABLE_CHANGES, OptimConfig, RunConfig, from_leaves
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
@@ -70,6 +71,8 @@ class Run:
     train_step: Callable
     print: Callable[[str], None]
     notes: Sequence[str]
+    pretrained: Any = None  # the checkpoint's parameters (init_from), consumed by warm_start
+    extra_evals: dict = dataclasses.field(default_factory=dict)  # {"mbpp": [...], "humaneval": [...]}
     logger: MetricsLogger | None = None
     results: dict = dataclasses.field(default_factory=dict)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
@@ -102,18 +105,30 @@ def _close(r: Run) -> None:
 
 def setup(cfg: RunConfig, executor: Executor, print_fn, notes) -> tuple[Run, RunState | None]:
     """Build the run's host objects; restore the workdir's latest checkpoint if there is one."""
+    r = build(cfg, executor, print_fn, notes)
+    try:
+        state = _restore(r)
+    except BaseException:
+        _close(r)
+        raise
+    if state is not None:
+        r.pretrained = None  # the checkpoint's weights replace the pretrained ones
+    run_info = {"config": cfg.to_json(), "tokenizer": r.tok.fingerprint(), "notes": list(r.notes)}
+    purge = None if state is None else int(state.train.step) + 1
+    r.logger = MetricsLogger(cfg.workdir, run_info=run_info, purge_step=purge)
+    return r, state
+
+
+def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -> Run:
+    """Problems, tokenizer, model, optimizer, checkpointer, train step and rollout of a run (no state)."""
+    sft_p, rl_p, heldout, extra = problem_sets(cfg)
+    tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     t = cfg.tasks
-    split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
-    sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
-    rl_p = tasks.make_split("train", levels=t.rl_levels, **split)
-    heldout = tasks.make_split(
-        "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
-    )
-    tok = CodeTokenizer()
-    model = model_config(cfg, tok)
+    what = f"levels {t.sft_levels} / {t.rl_levels}" if t.source == "procedural" else "MBPP train split"
     print_fn(
-        f"task suite: {len(sft_p)} SFT / {len(rl_p)} RL training problems (levels {t.sft_levels} / "
-        f"{t.rl_levels}), {len(heldout)} held-out (levels {t.eval_levels}); sandbox tier {executor.tier}"
+        f"tasks: {len(sft_p)} SFT / {len(rl_p)} RL training problems ({what}), {len(heldout)} held-out"
+        f"{''.join(f', {len(v)} {k}' for k, v in extra.items())}; prompts {t.prompt_format}"
+        + (f"; sandbox tier {executor.tier}" if executor is not None else "")
     )
     param_fn = None
     if cfg.lora.enabled:
@@ -124,42 +139,93 @@ def setup(cfg: RunConfig, executor: Executor, print_fn, notes) -> tuple[Run, Run
     optimizer = make_optimizer(cfg.optim)
     os.makedirs(cfg.workdir, exist_ok=True)
     ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.checkpoint.keep)
+    policy = dict(logits_fn=transformer_logits_fn(model), logp_fn=None)
+    if cfg.model.logp_chunk:
+        from grpo_jax.policies.logp import make_logp_fn
+
+        policy = dict(logits_fn=None, logp_fn=make_logp_fn(model, cfg.model.logp_chunk))
     train_step = make_train_step(
-        transformer_logits_fn(model),
+        policy["logits_fn"],
         cfg.objective,
         optimizer,
         temperature=cfg.rollout.temperature,
         param_fn=param_fn,
+        logp_fn=policy["logp_fn"],
     )
     rollout = make_rollout(cfg, tok, executor, rl_p, model, param_fn)
-    r = Run(
-        cfg,
-        executor,
-        tok,
-        model,
-        sft_p,
-        rl_p,
-        heldout,
-        optimizer,
-        param_fn,
-        ckpt,
-        rollout,
-        train_step,
-        print_fn,
-        tuple(notes),
-    )
-    try:
-        state = _restore(r)
-    except BaseException:
-        _close(r)
-        raise
-    run_info = {"config": cfg.to_json(), "tokenizer": tok.fingerprint(), "notes": list(r.notes)}
-    purge = None if state is None else int(state.train.step) + 1
-    r.logger = MetricsLogger(cfg.workdir, run_info=run_info, purge_step=purge)
+    args = (cfg, executor, tok, model, sft_p, rl_p, heldout, optimizer, param_fn, ckpt, rollout, train_step)
+    return Run(*args, print_fn, tuple(notes), pretrained=pretrained, extra_evals=extra)
+
+
+def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tuple[Run, RunState]:
+    """The Run (no sandbox, no logger) and the RunState of a workdir's checkpoint (latest, or `step`), with
+    the configuration the run saved — for export and inspection. Close with `r.ckpt.close()`."""
+    with open(os.path.join(workdir, "run.json"), encoding="utf-8") as f:
+        saved = json.load(f)["config"]
+    cfg = from_leaves({**{k: _tuples(v) for k, v in _flat(saved).items()}, "workdir": workdir})
+    r = build(cfg, None, print_fn)
+    template = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
+    state, _ = r.ckpt.restore(template, step)
+    r.rollout.bind(state.frozen)
+    r.pretrained = None
     return r, state
 
 
-def model_config(cfg: RunConfig, tok: CodeTokenizer) -> tfm.TransformerConfig:
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def problem_sets(cfg: RunConfig) -> tuple[list, list, list, dict]:
+    """(SFT problems, RL problems, held-out problems, {name: extra evaluation problems})."""
+    t = cfg.tasks
+    if t.source == "mbpp":
+        train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
+        sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
+    else:
+        split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
+        sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
+        rl_p = tasks.make_split("train", levels=t.rl_levels, **split)
+        heldout = tasks.make_split(
+            "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
+        )
+    extra = {}
+    if cfg.eval.mbpp:
+        extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
+    if cfg.eval.humaneval:
+        extra["humaneval"] = datasets.load_humaneval()
+    return sft_p, rl_p, heldout, extra
+
+
+def model_and_tokenizer(cfg: RunConfig, print_fn=print):
+    """(tokenizer, TransformerConfig, pretrained params or None): the checkpoint of --init_from with its own
+    tokenizer, or a fresh model of cfg.model's shape over the procedural tokenizer (or --tokenizer)."""
+    m = cfg.model
+    tok = CodeTokenizer()
+    if m.tokenizer or m.init_from:
+        from grpo_jax.models.pretrained import load_tokenizer
+
+        tok = load_tokenizer(m.tokenizer or m.init_from)
+    if not m.init_from:
+        return tok, model_config(cfg, tok), None
+    from grpo_jax.models.pretrained import load_pretrained
+
+    t0 = time.perf_counter()
+    model, params = load_pretrained(m.init_from)
+    model = dataclasses.replace(model, compute_dtype=m.compute_dtype, remat=m.remat)
+    if tok.vocab_size > model.vocab_size:
+        raise RunConfigError(
+            f"--tokenizer={m.tokenizer or m.init_from} has {tok.vocab_size} ids but the model of "
+            f"--init_from={m.init_from} embeds {model.vocab_size}"
+        )
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    print_fn(
+        f"model: {m.init_from} ({n / 1e6:.1f} M parameters, {model.n_layers} layers, d {model.d_model}, "
+        f"vocab {model.vocab_size}; loaded in {time.perf_counter() - t0:.1f} s)"
+    )
+    return tok, model, params
+
+
+def model_config(cfg: RunConfig, tok) -> tfm.TransformerConfig:
     """The transformer of the run: cfg.model's shape over the tokenizer's vocabulary."""
     m = cfg.model
     return tfm.TransformerConfig(
@@ -172,6 +238,7 @@ def model_config(cfg: RunConfig, tok: CodeTokenizer) -> tfm.TransformerConfig:
         qkv_bias=m.qkv_bias,
         tie_embeddings=m.tie_embeddings,
         compute_dtype=m.compute_dtype,
+        remat=m.remat,
     )
 
 
@@ -241,9 +308,27 @@ def _save(r: Run, state: RunState) -> None:
 def warm_start(r: Run) -> RunState:
     """Model init and SFT on the reference solutions, the GRPO state over them, evaluation, checkpoint 0."""
     cfg, streams = r.cfg, rng_lib.streams(r.cfg.seed)
-    params = tfm.init_params(r.model, rng_lib.derive(streams["init"], "model"))
+    if r.pretrained is not None:
+        params, r.pretrained = r.pretrained, None
+    else:
+        params = tfm.init_params(r.model, rng_lib.derive(streams["init"], "model"))
+    if cfg.sft.steps:
+        params = _sft(r, params, streams["sft"])
+    state = fresh_state(r, params)
+    r.rollout.bind(state.frozen)
+    if cfg.lora.enabled:
+        n_ad, n_all = lora.num_params(state.train.params), lora.num_params(state.frozen)
+        r.print(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
+    r.results["sft"] = evaluate(r, state, "after SFT" if cfg.sft.steps else "before GRPO")
+    _save(r, state)
+    return state
+
+
+def _sft(r: Run, params, key):
+    cfg = r.cfg
     t = time.perf_counter()
-    data = pipeline.sft_examples(r.tok, r.sft_problems, cfg.tasks.prompt_len, cfg.rollout.max_new_tokens)
+    fmt = cfg.tasks.prompt
+    data = pipeline.sft_examples(r.tok, r.sft_problems, cfg.tasks.prompt_len, cfg.rollout.max_new_tokens, fmt)
     warmup = min(cfg.sft.warmup_steps, cfg.sft.steps)
     sft_opt = make_optimizer(OptimConfig(learning_rate=cfg.sft.lr, warmup_steps=warmup))
     params, hist = sft.sft_train(
@@ -253,21 +338,13 @@ def warm_start(r: Run) -> RunState:
         data,
         steps=cfg.sft.steps,
         batch_size=cfg.sft.batch,
-        key=streams["sft"],
-        log_every=max(1, cfg.sft.steps // 5) if cfg.sft.steps else 0,
+        key=key,
+        log_every=max(1, cfg.sft.steps // 5),
         print_fn=r.print,
     )
     r.results["sft_seconds"] = time.perf_counter() - t
-    if hist:
-        r.results["sft_final_loss"] = hist[-1]["loss"]
-    state = fresh_state(r, params)
-    r.rollout.bind(state.frozen)
-    if cfg.lora.enabled:
-        n_ad, n_all = lora.num_params(state.train.params), lora.num_params(state.frozen)
-        r.print(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
-    r.results["sft"] = evaluate(r, state, "after SFT")
-    _save(r, state)
-    return state
+    r.results["sft_final_loss"] = hist[-1]["loss"]
+    return params
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -338,6 +415,7 @@ def evaluate(r: Run, state: RunState, tag: str) -> dict:
     params = state.train.params if r.param_fn is None else r.param_fn(state.train.params, state.frozen)
     key = rng_lib.derive(state.train.rng["eval"], step, "heldout")
     t = time.perf_counter()
+    common = dict(batch=cfg.eval.batch, deadline_s=cfg.sandbox.deadline_s, fmt=cfg.tasks.prompt)
     res = pipeline.evaluate(
         _eval_sample_fn(r, params, key),
         r.executor,
@@ -346,12 +424,19 @@ def evaluate(r: Run, state: RunState, tag: str) -> dict:
         n_samples=cfg.eval.samples,
         ks=cfg.eval.ks,
         prompt_len=cfg.tasks.prompt_len,
-        batch=cfg.eval.batch,
-        deadline_s=cfg.sandbox.deadline_s,
+        **common,
     )
+    for name, problems in r.extra_evals.items():  # greedy pass@1, prompts batched by length
+        k = rng_lib.derive(state.train.rng["eval"], step, name)
+        fn = _eval_sample_fn(r, params, k)
+        more = pipeline.evaluate(
+            fn, r.executor, r.tok, problems, n_samples=0, ks=(), prompt_len=None, **common
+        )
+        res[f"{name}/pass@1"] = more["pass@1"]
     res["seconds"] = time.perf_counter() - t
     r.print(
-        f"[eval {tag}] " + "  ".join(f"{k} {res[k]:.3f}" for k in res if k.startswith(("pass@", "level")))
+        f"[eval {tag}] "
+        + "  ".join(f"{k} {res[k]:.3f}" for k in res if k.startswith(("pass@", "level")) or "/pass@" in k)
     )
     r.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in res.items()})  # TB mangles "@"
     return res
@@ -367,7 +452,7 @@ def _eval_sample_fn(r: Run, params, key):
     def fn(prompt, pmask, n, greedy):
         calls[0] += 1
         sampler = sampling.make_sampler(
-            r.model, group=n, max_new=ro.max_new_tokens, eos_id=r.tok.eos_id, pad_id=r.tok.pad_id
+            r.model, group=n, max_new=ro.max_new_tokens, eos_id=pipeline.stop_ids(r.tok), pad_id=r.tok.pad_id
         )
         k = rng_lib.derive(key, calls[0])
         out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
@@ -406,6 +491,10 @@ def finish(r: Run, state: RunState) -> dict:
         )
     if r.step_times:
         res["median_step_s_this_process"] = float(np.median(r.step_times))
+    if r.cfg.checkpoint.export_hf:
+        out = os.path.join(r.cfg.workdir, "hf")
+        export(r, state, out, overwrite=True)  # the run's own export (an extended run replaces it)
+        res["exported_hf"] = out
     res["final_params_sha256"] = params_digest(state.train.params)
     res["steps"] = step
     res["wall_seconds_this_process"] = time.perf_counter() - r.t_start
@@ -413,6 +502,31 @@ def finish(r: Run, state: RunState) -> dict:
     write_json_atomic(os.path.join(r.cfg.workdir, "results.json"), res)
     r.print(final_table(res))
     return res
+
+
+def policy_params(r: Run, state: RunState) -> Any:
+    """The full model parameters of the current policy (LoRA adapters folded into the base)."""
+    if not r.cfg.lora.enabled:
+        return state.train.params
+    return lora.fold(state.frozen, state.train.params, alpha=r.cfg.lora.alpha)
+
+
+def export(r: Run, state: RunState, out: str, overwrite: bool = False) -> None:
+    """The current policy as a Hugging Face directory (config.json, model.safetensors, tokenizer files; LoRA
+    adapters merged), and for LoRA runs the adapters alone in PEFT's format next to it (`out`_peft)."""
+    from grpo_jax.models.hf import save_peft_adapters
+    from grpo_jax.models.pretrained import save_pretrained
+
+    save_pretrained(
+        out, r.model, jax.device_get(policy_params(r, state)), tokenizer=r.tok, overwrite=overwrite
+    )
+    msg = f"exported the policy (step {int(state.train.step)}) as a Hugging Face checkpoint: {out}"
+    if r.cfg.lora.enabled:
+        peft = out.rstrip("/") + "_peft"
+        adapters = jax.device_get(state.train.params)
+        save_peft_adapters(peft, r.model, adapters, lora_alpha=r.cfg.lora.alpha, overwrite=overwrite)
+        msg += f" (LoRA adapters in PEFT format: {peft})"
+    r.print(msg)
 
 
 def params_digest(params: Any) -> str:
@@ -427,8 +541,9 @@ def params_digest(params: Any) -> str:
 
 def final_table(results: dict) -> str:
     sft_r, grpo_r = results.get("sft", {}), results.get("grpo", {})
-    keys = [k for k in sft_r if k.startswith("pass@") or k.endswith("/pass@1")]
-    lines = ["", f"{'held-out metric':<24}{'after SFT':>12}{'after GRPO':>12}"]
+    keys = [k for k in sft_r if k.startswith("pass@") or k.endswith("/pass@1")]  # incl. mbpp/, humaneval/
+    before = "after SFT" if "sft_seconds" in results else "before GRPO"
+    lines = ["", f"{'held-out metric':<24}{before:>12}{'after GRPO':>12}"]
     for k in keys:
         g = grpo_r.get(k)
         lines.append(f"{k:<24}{sft_r[k]:>12.3f}{(f'{g:.3f}' if g is not None else '-'):>12}")

@@ -27,7 +27,6 @@ import numpy as np
 
 from grpo_jax import pool
 from grpo_jax.codegen import pipeline
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import PoolConfig, RolloutConfig
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
@@ -40,13 +39,14 @@ class PoolRuntime:
         pcfg: PoolConfig,
         rollout: RolloutConfig,
         model_cfg,
-        tok: CodeTokenizer,
+        tok,
         *,
         uses_baseline: bool,
         member_fn: Callable[[Any, Any], Any] | None,
         deadline_s: float,
+        fmt: pipeline.PromptFormat = pipeline.PLAIN,
     ):
-        self.pc, self.rollout, self.tok, self.deadline_s = pcfg, rollout, tok, deadline_s
+        self.pc, self.rollout, self.tok, self.deadline_s, self.fmt = pcfg, rollout, tok, deadline_s, fmt
         self.uses_baseline = uses_baseline
         self.m = pcfg.members_per_step
         self.sp = sampling.sampling_params(rollout.temperature, rollout.top_k, rollout.top_p)
@@ -54,7 +54,7 @@ class PoolRuntime:
             model_cfg,
             group=pcfg.samples_per_member,
             max_new=rollout.max_new_tokens,
-            eos_id=tok.eos_id,
+            eos_id=pipeline.stop_ids(tok),
             pad_id=tok.pad_id,
             member_fn=member_fn,
         )
@@ -118,7 +118,8 @@ class PoolRuntime:
         t1 = time.perf_counter()
         if act.size:
             texts = pipeline.decode_completions(self.tok, toks[act], cmask[act])
-            _, r = pipeline.score_completions(executor, list(problems) * act.size, texts, g, self.deadline_s)
+            probs = list(problems) * act.size
+            _, r = pipeline.score_completions(executor, probs, texts, g, self.deadline_s, self.fmt)
             rewards[act] = r.reshape(act.size, b, g)
         base, has = pool.returns_baseline(jnp.asarray(rewards), mmask)
         explore = np.asarray(pool_state.explore)[np.asarray(idx)] & mm

@@ -148,8 +148,13 @@ class CodegenRollout:
         r = cfg.rollout
         self.sp = sampling.sampling_params(r.temperature, r.top_k, r.top_p)
         self.sampler = sampling.make_sampler(
-            model_cfg, group=self.G, max_new=r.max_new_tokens, eos_id=tok.eos_id, pad_id=tok.pad_id
+            model_cfg,
+            group=self.G,
+            max_new=r.max_new_tokens,
+            eos_id=pipeline.stop_ids(tok),
+            pad_id=tok.pad_id,
         )
+        self.fmt = cfg.tasks.prompt
         self.ccfg = cfg.curriculum
         self.rounds = cfg.rollout.dynamic_max_rounds if cfg.rollout.dynamic_sampling else 0
         self.n_replay = int(round(cfg.replay.fraction * self.B)) if cfg.replay.enabled else 0
@@ -163,6 +168,7 @@ class CodegenRollout:
                 uses_baseline=cfg.objective.baseline != "group",
                 member_fn=param_fn,
                 deadline_s=cfg.sandbox.deadline_s,
+                fmt=cfg.tasks.prompt,
             )
         self._cur_sample = jax.jit(curriculum.sample, static_argnums=(1, 4))
         self._cur_update = jax.jit(curriculum.update, static_argnums=1)
@@ -260,7 +266,7 @@ class CodegenRollout:
     def _sample_and_grade(self, params, idx: np.ndarray, key: jax.Array, replayed=None) -> _Round:
         """Sample G completions for problems idx [B] on the device; decode and grade on the host."""
         probs = [self.problems[i] for i in idx]
-        prompt, pmask = pipeline.encode_prompts(self.tok, probs, self.cfg.tasks.prompt_len)
+        prompt, pmask = pipeline.encode_prompts(self.tok, probs, self.cfg.tasks.prompt_len, self.fmt)
         t0 = time.perf_counter()
         out = self.sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), key, self.sp)
         n_rep = 0 if replayed is None else int(replayed["problem"].shape[0])
@@ -277,7 +283,7 @@ class CodegenRollout:
         t1 = time.perf_counter()
         texts = pipeline.decode_completions(self.tok, tokens, mask)
         verdicts, rewards = pipeline.score_completions(
-            self.executor, probs, texts, self.G, self.cfg.sandbox.deadline_s
+            self.executor, probs, texts, self.G, self.cfg.sandbox.deadline_s, self.fmt
         )
         n_tests = [len(p.tests) for p in probs for _ in range(self.G)]
         tv, tm = per_test_rewards(verdicts, self.num_tests, n_tests)
