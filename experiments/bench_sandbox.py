@@ -2,18 +2,24 @@
 
     python -m experiments.bench_sandbox [--n=400] [--slots=1,2,4,8] [--timeout_wall=1.0]
 
-Figures: programs/s for trivial programs with N slots; programs/s for a mix with 10% timeouts (wall limit
---timeout_wall); per-program overhead (median ms of one trivial program on one slot, sequential).
+Figures: programs/s for trivial programs with N slots; programs/s for a mix with 10% timeouts, once with the
+fixed wall limit --timeout_wall and once with the per-problem limit from the reference solution's measured
+time (grpo_jax.codegen.timelimits: max(--floor, --factor x reference), capped by --timeout_wall); per-program
+overhead (median ms of one trivial program on one slot, sequential).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 from absl import app, flags
 
+from grpo_jax.codegen.timelimits import with_reference_time_limits
+from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Job, Limits, TestCase
 
@@ -21,8 +27,13 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer("n", 400, "programs per throughput figure")
 flags.DEFINE_string("slots", "1,2,4,8", "worker slot counts")
 flags.DEFINE_float("timeout_wall", 1.0, "wall limit for the timeout mix, seconds")
+flags.DEFINE_float("floor", 0.5, "per-problem limits: the floor, seconds")
+flags.DEFINE_float("factor", 5.0, "per-problem limits: the multiple of the reference time")
 
 TESTS = (TestCase("add(1, 2)", 3), TestCase("add(-1, 1)", 0))
+ADD_PROBLEM = Problem(
+    "add", "", "add", "def add(a, b):\n    return a + b\n", TESTS, completion_mode="program"
+)
 
 
 def trivial(i: int) -> Job:
@@ -55,32 +66,40 @@ def main(argv):
                 ),
                 flush=True,
             )
-            mix = []
-            for i in range(FLAGS.n):
-                if i % 10 == 0:
-                    mix.append(
-                        Job(f"def add(a, b):\n    while True:\n        pass\n# {i}-{n_slots}\n", TESTS)
-                    )
-                else:
-                    mix.append(trivial(i + 100000 + 1000 * n_slots))
-            t0 = time.monotonic()
-            vs = ex.run(mix)
-            dt = time.monotonic() - t0
-            print(
-                json.dumps(
-                    {
-                        "figure": "mix_10pct_timeouts_programs_per_s",
-                        "slots": n_slots,
-                        "timeout_wall_s": FLAGS.timeout_wall,
-                        "programs": len(mix),
-                        "timeouts": sum(v.status.value == "timeout" for v in vs),
-                        "passed": sum(v.passed for v in vs),
-                        "seconds": round(dt, 3),
-                        "programs_per_s": round(len(mix) / dt, 1),
-                    }
-                ),
-                flush=True,
+            (ref,), _ = with_reference_time_limits(
+                ex,
+                [ADD_PROBLEM],
+                floor_s=FLAGS.floor,
+                factor=FLAGS.factor,
+                cache=Path(tempfile.mkdtemp()) / "t",
             )
+            for name, limit in (("fixed", None), ("reference", ref.time_limit_s)):
+                mix = []
+                for i in range(FLAGS.n):
+                    if i % 10 == 0:
+                        prog = f"def add(a, b):\n    while True:\n        pass\n# {name} {i}-{n_slots}\n"
+                    else:
+                        prog = trivial(i + 100000 + 1000 * n_slots).program + f"# {name}\n"
+                    mix.append(Job(prog, TESTS, time_limit_s=limit))
+                t0 = time.monotonic()
+                vs = ex.run(mix)
+                dt = time.monotonic() - t0
+                print(
+                    json.dumps(
+                        {
+                            "figure": "mix_10pct_timeouts_programs_per_s",
+                            "time_limits": name,
+                            "slots": n_slots,
+                            "limit_s": limit or FLAGS.timeout_wall,
+                            "programs": len(mix),
+                            "timeouts": sum(v.status.value == "timeout" for v in vs),
+                            "passed": sum(v.passed for v in vs),
+                            "seconds": round(dt, 3),
+                            "programs_per_s": round(len(mix) / dt, 1),
+                        }
+                    ),
+                    flush=True,
+                )
     with Executor(num_workers=1) as ex:
         lat = []
         for i in range(100):

@@ -48,7 +48,7 @@ def main(argv):
 
     limits = Limits(wall_s=cfg.sandbox.wall_s, cpu_s=cfg.sandbox.cpu_s)
     with Executor(num_workers=cfg.sandbox.workers, limits=limits) as executor:
-        print(f"sandbox: {cfg.sandbox.workers} workers, isolation tier {executor.tier}", flush=True)
+        print(f"sandbox: isolation tier {executor.tier_line()}", flush=True)
         try:
             run(cfg, executor, notes=notes)
         except RunConfigError as e:  # e.g. the workdir holds a different run

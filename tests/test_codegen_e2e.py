@@ -53,8 +53,12 @@ def test_run_leaves_events_jsonl_checkpoints_and_results(uninterrupted):
         "time/reward_s",
         "time/train_s",
         "sandbox/programs_per_s",
+        "sandbox/child_checked_frac",
     ):
         assert key in train_lines[-1], key
+    # the procedural suite is parent-graded throughout; every problem got a limit from its reference
+    assert train_lines[-1]["sandbox/child_checked_frac"] == 0.0
+    assert "time limits: per problem 0.50–" in proc.stdout  # the 0.5 s floor: references take ms
     events = read_events(wd / "tb")
     for tag in ("Policy/Entropy", "Training/AdvantageNorm", "Performance/SuccessRate", "grad_norm", "kl"):
         assert [s for s, _ in events[tag]] == [1, 2, 3, 4, 5, 6], tag

@@ -11,8 +11,10 @@ import pytest
 
 from grpo_jax.codegen import datasets
 from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.sandbox.asserts import split_check
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
+from grpo_jax.sandbox.types import TestCase as TC
 
 # a wrapper that keeps the canonical solution but changes every return value (the "made wrong" variant)
 WRONG = """
@@ -46,9 +48,44 @@ def test_humaneval_loads():
     assert len(probs) == 164
     p = probs[0]
     assert p.task_id == "HumanEval/0" and p.completion_mode == "append" and p.source == "humaneval"
-    assert p.child_check.rstrip().endswith(f"check({p.entry_point})") and p.tests == ()
+    # check(candidate) split per assert, candidate bound to the entry point, nothing left child-side
+    assert p.child_check is None and len(p.tests) == 7
+    assert p.tests[0] == TC(
+        call="has_close_elements([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3)",
+        expected=True,
+        source="assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True",
+    )
     assert p.reference.startswith(p.prompt)
     assert datasets.load_problems(datasets.humaneval_path())[5] == probs[5]
+    by = {q.task_id: q for q in probs}
+    # what cannot be split (a loop over random inputs) stays child-side, after the prompt's own helper
+    p32 = by["HumanEval/32"]
+    assert p32.child_check.startswith("import math\n\ndef poly(") and p32.child_check.rstrip().endswith(
+        "check(find_zero)"
+    )
+    assert sum(q.child_check is None for q in probs) == 157  # fully parent-graded (0 before the split)
+
+
+def test_humaneval_check_split_shapes():
+    code = (
+        "import math\n\ndef check(candidate):\n"
+        "    assert candidate(1) == 10**12 + 1\n"  # non-literal expected: left to the executor's oracle
+        "    assert abs(candidate(2) - 0.5) < 1e-6\n"
+        "    assert not candidate(3)\n"
+        "    assert True, 'always'\n"
+        "    x = candidate(4)\n"
+        "    assert x == 4\n"  # a local: stays child-side
+        "    assert math.isclose(candidate(5), math.pi, rel_tol=1e-3)\n"
+    )
+    sc = split_check(code, "f")
+    assert [t.kind for t in sc.tests] == ["eq", "abs_lt", "falsy", "isclose"]
+    assert [t.call for t in sc.tests] == ["f(1)", "f(2)", "f(3)", "f(5)"]
+    assert sc.tests[0].expected_expr == "10 ** 12 + 1" and sc.tests[0].prelude == "import math"
+    assert sc.tests[1].expected == (0.5, 1e-06)
+    assert sc.tests[3].expected_expr == "(math.pi, 0.001, 0.0)"
+    assert sc.child_statements == 2
+    assert "x = candidate(4)" in sc.child_check and "assert x == 4" in sc.child_check
+    assert "assert not candidate(3)" not in sc.child_check and sc.child_check.rstrip().endswith("check(f)")
 
 
 def test_mbpp_loads_with_splits():
@@ -70,18 +107,31 @@ def test_mbpp_loads_with_splits():
     assert all(isinstance(t.call, str) for p in probs for t in p.tests)
 
 
-def test_mbpp_fallback_to_child_check(tmp_path):
+def test_mbpp_per_assert_fallback_to_child_check(tmp_path):
     row = {
         "task_id": 1,
         "text": "t",
         "code": "def f(x):\n    return x\n",
-        "test_list": ["assert f(1) == 1", "assert math.isclose(f(1.0), 1.0)"],
-        "test_setup_code": "",
+        "test_list": [
+            "assert f(1) == 1",
+            "assert math.isclose(f(1.0), 1.0)",
+            "assert f(10**12) == 10**12",
+            "assert f(1) == f(1)",  # both sides run the candidate: child-side
+        ],
+        "test_setup_code": "import math",
     }
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps(row) + "\n")
     (p,) = datasets.load_problems(path)
-    assert p.tests == () and "math.isclose" in p.child_check
+    assert [t.kind for t in p.tests] == ["eq", "isclose", "eq"]
+    assert p.tests[1].expected == (1.0, 1e-09, 0.0) and p.tests[2].expected_expr == "10 ** 12"
+    assert p.child_check == "import math\nassert f(1) == f(1)\n"
+    # a solution named like a builtin is still the candidate (Mbpp/126 defines `sum`)
+    row2 = dict(row, code="def sum(a, b):\n    return a + b\n", test_list=["assert sum(1, 2) == 3"])
+    path.write_text(json.dumps(row2) + "\n")
+    (p2,) = datasets.load_problems(path)
+    assert p2.tests == (TC(call="sum(1, 2)", expected=3, source="assert sum(1, 2) == 3"),)
+    path.write_text(json.dumps(row) + "\n")
     gz = tmp_path / "m.jsonl.gz"
     with gzip.open(gz, "wt") as f:
         f.write(json.dumps(row) + "\n")

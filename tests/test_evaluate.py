@@ -69,3 +69,54 @@ def test_bad_flags_and_files(tmp_path):
     assert p.returncode != 0 and "Nope/1" in p.stderr
     p = run_cli("--problems=humaneval")
     assert p.returncode != 0 and "--samples" in p.stderr
+
+
+def test_non_literal_expected_ids_round_trip_and_grading_class(tmp_path):
+    """The report that opened the reward-integrity issue: one non-literal expected value used to send the
+    whole problem to the child, where an always-equal object and a reader of the expected values passed."""
+    row = {
+        "task_id": "hostile/01",
+        "text": "add",
+        "code": "def add(a, b):\n    return a + b\n",
+        "test_list": ["assert add(1, 2) == 3", "assert add(10**12, 1) == 10**12 + 1"],
+    }
+    row2 = dict(row, task_id=7, test_list=["assert add(1, 2) == 3", "assert add(1, 2) == add(2, 1)"])
+    probs = tmp_path / "p.jsonl"
+    probs.write_text(json.dumps(row) + "\n" + json.dumps(row2) + "\n")
+    always_equal = (
+        "class E(int):\n    def __eq__(self, o):\n        return True\n    __hash__ = int.__hash__\n"
+    )
+    always_equal += "def add(a, b):\n    return E(0)\n"
+    # answers small inputs honestly and looks for the large expected value anywhere in its process
+    steal = """
+import gc
+def add(a, b):
+    if a < 100:
+        return a + b
+    for o in gc.get_objects():
+        for v in (o.values() if isinstance(o, dict) else o if isinstance(o, (list, tuple)) else ()):
+            if type(v) is int and v > a:
+                return v
+    return -1
+"""
+    samples = [
+        {"task_id": "hostile/01", "completion": row["code"]},
+        {"task_id": "hostile/01", "completion": always_equal},
+        {"task_id": "hostile/01", "completion": steal},
+        {"task_id": 7, "completion": row["code"]},
+        {"task_id": "7", "completion": always_equal},
+        {"task_id": "Mbpp/7", "completion": "def add(a, b):\n    return a - b\n"},
+    ]
+    sf = tmp_path / "s.jsonl"
+    sf.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    out = tmp_path / "r.jsonl"
+    p = run_cli(f"--problems={probs}", f"--samples={sf}", "--k=1", f"--out={out}")
+    assert p.returncode == 0, p.stderr
+    res = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["task_id"] for r in res] == ["hostile/01", "hostile/01", "hostile/01", 7, "7", "Mbpp/7"]
+    assert [r["passed"] for r in res] == [True, False, False, True, False, False]
+    assert [r["grading"] for r in res] == ["parent"] * 3 + ["parent+child"] * 3
+    # add(1, 2) == add(2, 1) runs in the checker on plain values: a constant E(0) passes it, a - b does not
+    assert [r["child_check_passed"] for r in res[3:]] == [True, True, False]
+    summary = json.loads(p.stdout.strip().splitlines()[-1])
+    assert summary["grading"] == {"parent": 3, "parent+child": 3} and summary["problems"] == 2

@@ -232,4 +232,13 @@ def test_problem_reexports_the_sandbox_testcase():
     from grpo_jax.sandbox import types
 
     assert problem.TestCase is types.TestCase
-    assert [f.name for f in dataclasses.fields(types.TestCase)] == ["call", "expected", "source", "float_tol"]
+    assert [f.name for f in dataclasses.fields(types.TestCase)] == [
+        "call",
+        "expected",
+        "source",
+        "float_tol",
+        "kind",
+        "wrap",
+        "expected_expr",
+        "prelude",
+    ]

@@ -112,3 +112,14 @@ def test_rewards_from_verdicts():
         rewards.rewards_from_verdicts(VERDICTS, kind="pass_fraction")
     with pytest.raises(ValueError, match="valid kinds"):
         rewards.rewards_from_verdicts(VERDICTS, kind="dense")
+
+
+def test_child_checked_fractions():
+    # samples 4 and 5 have child checks (child_check_passed is not None); of the 2 passed samples, 1 is child
+    assert rewards.child_checked_fractions(VERDICTS) == {
+        "child_checked_frac": 2 / 7,
+        "child_checked_reward_frac": 0.5,
+    }
+    none = {"child_checked_frac": 0.0, "child_checked_reward_frac": 0.0}
+    assert rewards.child_checked_fractions([]) == none
+    assert rewards.child_checked_fractions(VERDICTS[:2])["child_checked_reward_frac"] == 0.0

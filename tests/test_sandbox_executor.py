@@ -87,21 +87,154 @@ def test_statuses_and_per_test_results(ex):
     assert v[4].seconds < LIM.wall_s + 3
 
 
+CHECK = "def check(c):\n    assert c(1) == 2\n    assert c(-1) == 0\n\ncheck(inc)\n"
+INC = "def inc(x):\n    return x + 1\n"
+# every one of these must score 0 against the child check above (two-process checker: SANDBOX.md, _zygote.py)
+CHILD_HACKS = {
+    "always_equal_int": """
+class E(int):
+    def __eq__(self, o):
+        return True
+    __hash__ = int.__hash__
+def inc(x):
+    return E(7)
+""",
+    "always_equal_object": """
+class E:
+    def __eq__(self, o):
+        return True
+    def __bool__(self):
+        return True
+def inc(x):
+    return E()
+""",
+    "sys_exit_in_call": "import sys\ndef inc(x):\n    sys.exit(0)\n",
+    "os_exit_in_call": "import os\ndef inc(x):\n    os._exit(0)\n",
+    "os_exit_at_import": "import os\nos._exit(0)\n",
+    "raise_systemexit": "def inc(x):\n    raise SystemExit(0)\n",
+    # forged records on every fd, then exit before the check can run
+    "forged_records": """
+import os
+for fd in range(64):
+    try:
+        os.write(fd, b'{"k": "start"}\\n{"k": "check", "ok": true}\\n{"k": "done"}\\n')
+    except OSError:
+        pass
+os._exit(0)
+""",
+    # the check text is never in the program's process: neither in its objects nor in its own memory
+    "read_expected_gc": """
+import gc
+def inc(x):
+    for o in gc.get_objects():
+        if isinstance(o, str) and 'assert c(1) ==' in o:
+            return int(o.split('==')[1].split()[0])
+    return -1
+""",
+    "read_expected_memory": """
+import re
+def inc(x):
+    f = open('/proc/self/mem', 'rb')
+    for line in open('/proc/self/maps').read().splitlines():
+        a, b = (int(v, 16) for v in line.split()[0].split('-'))
+        if 'rw' not in line.split()[1]:
+            continue
+        try:
+            f.seek(a)
+            blob = f.read(b - a)
+        except OSError:
+            continue
+        hit = re.search(rb'assert c\\(1\\) == (\\d+)', blob)
+        if hit:
+            return int(hit.group(1)) + (x - 1)
+    return -1
+""",
+    "read_checker_memory": """
+import os
+def inc(x):
+    try:
+        return len(open(f'/proc/{os.getppid()}/mem', 'rb').read(1))
+    except OSError:
+        return -1
+""",
+    "monkeypatch_builtins": """
+import builtins, math, operator
+builtins.AssertionError = type('X', (BaseException,), {})
+operator.eq = lambda a, b: True
+math.isclose = lambda *a, **k: True
+def inc(x):
+    return 0
+""",
+    "kill_checker": "import os, signal\ndef inc(x):\n    os.kill(os.getppid(), signal.SIGKILL)\n",
+}
+
+
 def test_child_check_class(ex):
-    prog = "def inc(x):\n    return x + 1\n"
     check = "def check(c):\n    assert c(1) == 2\n\ncheck(inc)\n"
     bad = "def check(c):\n    assert c(1) == 3\n\ncheck(inc)\n"
     v = ex.run(
         [
-            Job(prog, (), child_check=check),
-            Job(prog, (), child_check=bad),
+            Job(INC, (), child_check=check),
+            Job(INC, (), child_check=bad),
             Job("import sys\nsys.exit(0)\n", (), child_check=check),
             Job("def inc(x):\n    import os; os._exit(0)\n", (), child_check=check),
+            Job(INC + "print('hi')\n", (TC("inc(1)", 2),), child_check=check),  # both classes in one job
+            Job(INC, (TC("inc(1)", 3),), child_check=check),
         ]
     )
     assert v[0].passed and v[0].child_check_passed is True
     assert v[1].status is Status.WRONG_ANSWER and v[1].child_check_passed is False
     assert not v[2].passed and not v[3].passed
+    assert v[4].passed and v[4].tests[0].passed and v[4].child_check_passed is True
+    assert v[5].status is Status.WRONG_ANSWER and not v[5].tests[0].passed and v[5].child_check_passed is True
+
+
+def test_child_check_hacks_score_zero(ex):
+    names = list(CHILD_HACKS)
+    vs = ex.run(
+        [Job(CHILD_HACKS[n], (), child_check=CHECK) for n in names] + [Job(INC, (), child_check=CHECK)]
+    )
+    got = {n: (v.status.value, v.detail[:120]) for n, v in zip(names, vs, strict=False) if v.passed}
+    assert not got, got
+    assert all(v.status is not Status.INFRA_ERROR for v in vs), [v.detail for v in vs]
+    assert vs[-1].passed  # the honest program still passes
+
+
+def test_child_check_objects_stay_in_the_program(ex):
+    prog = (
+        "class Node:\n    def __init__(self, v, nxt=None):\n        self.v, self.nxt = v, nxt\n"
+        "def total(n):\n    return 0 if n is None else n.v + total(n.nxt)\n"
+        "def make(k):\n    return Node(k, Node(k))\n"
+    )
+    ok = "n = Node(1, Node(2))\nassert total(n) == 3\nassert total(make(4)) == 8\nassert n == n\n"
+    truthy = "assert make(1)\n"  # an object of the program has no truth value in the checker
+    v = ex.run([Job(prog, (), child_check=ok), Job(prog, (), child_check=truthy)])
+    assert v[0].passed, v[0].detail
+    assert not v[1].passed and "no truth value" in v[1].detail
+
+
+def test_expected_values_from_the_oracle(ex):
+    big = TC("add(10**12, 1)", None, kind="eq", expected_expr="10 ** 12 + 1")
+    pi = TC(
+        "add(0.5, 0.5)",
+        None,
+        kind="isclose",
+        expected_expr="(math.pi / math.pi, 1e-09, 0.0)",
+        prelude="import math",
+    )
+    raises = TC("add(1, 1)", None, expected_expr="1 / 0")
+    odd = TC("add(1, 1)", None, expected_expr="object()")
+    before = ex.stats()["oracle_runs"]
+    v = ex.run([Job(ADD, (big, pi)), Job("def add(a, b):\n    return 0\n", (big,)), Job(ADD, (raises, odd))])
+    assert v[0].passed and [t.passed for t in v[0].tests] == [True, True]
+    assert v[1].status is Status.WRONG_ANSWER
+    assert not v[2].passed and "raised ZeroDivisionError" in v[2].tests[0].error
+    assert "not plain data" in v[2].tests[1].error
+    runs = ex.stats()["oracle_runs"] - before
+    assert runs >= 2  # one per prelude at least ("" and "import math")
+    (again,) = ex.run([Job(ADD + "# again\n", (big, pi))])
+    assert again.passed, again.detail  # answered from the cache: the same values
+    assert ex.stats()["oracle_runs"] - before == runs  # cached for the executor's lifetime
 
 
 def test_cache_and_duplicates(ex):
@@ -202,3 +335,37 @@ def test_rlimits_only_tier_is_honest():
 def test_unknown_tier_rejected():
     with pytest.raises(ValueError):
         Executor(num_workers=1, tier="bogus")
+
+
+MEMORY_TREE = """
+import os, time
+def f(x):
+    pids = []
+    for i in range(6):  # 6 x 700 MiB, each child under its own RLIMIT_AS: only a group limit stops the tree
+        p = os.fork()
+        if p == 0:
+            b = bytearray(700 << 20)
+            for j in range(0, len(b), 4096):
+                b[j] = 1
+            time.sleep(3)
+            os._exit(0)
+        pids.append(p)
+    return [os.waitpid(p, 0)[1] for p in pids]
+"""
+
+
+def test_cgroup_limits_where_available():
+    with Executor(num_workers=1, limits=Limits(wall_s=8.0, cpu_s=8)) as e:
+        cg = e.tier_report()["cgroup"]
+        line = e.tier_line()
+        if not cg["active"]:
+            assert "no cgroup limits (" in line and cg["why"]
+            pytest.skip(f"no cgroup limits on this machine: {cg['why']}")
+        assert f"cgroup {cg['version']}: memory {cg['memory_bytes'] >> 20} MiB" in line
+        assert cg["memory_bytes"] == (1 << 30) + (256 << 20) and cg["pids"] == 32 + 8
+        assert e.tier_report()["active"]["cgroup_memory_pids"]  # the probe child found itself in the group
+        v = e.run([Job(MEMORY_TREE, (TC("f(1)", [0] * 6),))])[0]
+        assert v.status is Status.MEMORY and "cgroup memory limit" in v.detail, v
+        assert e.stats()["cgroup_oom_kills"] == 1
+        assert e.run([Job(ADD, T_ADD)])[0].passed  # the slot survives its group's OOM kills
+    assert "left_behind" not in e.tier_report()["cgroup"]  # the groups are removed on close

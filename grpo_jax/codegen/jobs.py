@@ -36,6 +36,7 @@ def jobs_for(
                 child_check=p.child_check,
                 setup_code=p.setup_code,
                 limits=limits,
+                time_limit_s=p.time_limit_s,
             )
         )
     return jobs

@@ -86,6 +86,23 @@ def failure_counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
     return counts
 
 
+def child_checked_fractions(verdicts: Sequence[Verdict]) -> dict[str, float]:
+    """How much of the reward came from child checks (asserts that could not be parent-graded and ran in the
+    two-process checker) rather than from parent-graded tests alone:
+    {"child_checked_frac": share of samples whose problem has a child check,
+     "child_checked_reward_frac": share of the passed samples among those}. Both 0.0 when nothing applies."""
+    n = len(verdicts)
+    child = [v.child_check_passed is not None for v in verdicts]
+    passed = [v.passed for v in verdicts]
+    n_pass = sum(passed)
+    return {
+        "child_checked_frac": sum(child) / n if n else 0.0,
+        "child_checked_reward_frac": sum(c and p for c, p in zip(child, passed, strict=True)) / n_pass
+        if n_pass
+        else 0.0,
+    }
+
+
 def valid_mask(verdicts: Sequence[Verdict]) -> np.ndarray:
     """1 for samples whose verdict says something about the program, 0 for INFRA_ERROR (the sandbox failed,
     not the program): a trainer may drop those from the loss instead of punishing them. float32 [N]."""

@@ -12,6 +12,9 @@ fds it got as stdin (requests) and stdout (responses). Namespace modes ("root", 
           └─ C  unshare(NEWIPC), rlimits, setgroups/setgid/setuid(slot uid) (root mode) or all capabilities
                 dropped (userns mode), no_new_privs, seccomp, cleared env, stdin=/dev/null,
                 stdout+stderr -> output pipe, fd 3 -> result pipe; runs the harness (program, calls, check)
+                └─ P  only for a job with a child check: C forks the program's process P before it reads the
+                      check text (fd 4); P runs the program and answers C's calls with plain data, C runs
+                      the check. P has no result fd, never holds the check, and cannot read C (not dumpable).
 
 In the "rlimits" mode there are no namespaces: the zygote forks C directly (new session, temporary work dir),
 and the tree kill is best effort (process group + session sweep).
@@ -22,6 +25,7 @@ Everything the child sends back is raw bytes (size-capped here); the parent pars
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import json
 import os
 import resource
@@ -88,7 +92,12 @@ PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
+PR_SET_DUMPABLE = 4
+F_SETPIPE_SZ = 1031
 RESULT_FD = 3
+CHECK_FD = 4  # C: the check text (read once P is forked); P: the checker's requests
+MAX_CHECK = 1 << 20
+CHECK_BUF = bytearray(MAX_CHECK)  # the check text passes through here only, and is zeroed after use
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -290,6 +299,8 @@ _eval = eval
 _BaseException = BaseException
 _ModuleType = types.ModuleType
 _sys_modules = sys.modules
+_list = list
+_loads = json.loads
 MAX_DEPTH = 100
 
 
@@ -320,6 +331,8 @@ def _tag(v, depth=0):
         return {"b": v.hex()}
     if t is complex:
         return {"c": [float.__repr__(v.real), float.__repr__(v.imag)]}
+    if t is _Remote:
+        return {"ref": v._rid}
     # subclasses of builtins: take the base data with the base class's methods
     if _isinstance(v, int):  # bool cannot be subclassed
         return _tag(int.__index__(v), depth)
@@ -356,7 +369,14 @@ def _short(e):
 
 
 def harness(req):
-    """Run setup + program, then each test call independently, then the child check. Never returns."""
+    """Run setup + program, then each test call independently; with a child check, split into the program's
+    process and the checker first (`_checker`). Never returns."""
+    if req.get("check_len"):
+        _checker(req)
+    _program_side(req, serve=False)
+
+
+def _program_side(req, serve):
     try:
         mod = _ModuleType("__main__")
         mod.__dict__["__builtins__"] = __builtins__
@@ -377,7 +397,6 @@ def harness(req):
                 calls.append(_compile(call, f"<test {i}>", "eval"))
             except _BaseException as e:
                 calls.append(e)
-        check = req.get("check")
         try:
             _exec(code_prog, g)
             _exec(code_setup, g)  # MBPP's test_setup_code uses names the program defines
@@ -406,26 +425,299 @@ def harness(req):
                 dt = _perf() - t0
                 et, msg = _short(e)
                 _emit({"k": "t", "i": i, "exc": et, "msg": msg, "s": dt})
-        if check is not None:
-            try:
-                code_check = _compile(check, "<check>", "exec")
-                _exec(code_check, g)
-                _emit({"k": "check", "ok": True})
-            except _BaseException as e:
-                et, msg = _short(e)
-                _emit({"k": "check", "ok": False, "exc": et, "msg": msg})
+        if serve:
+            _serve(g)
         _emit({"k": "done"})
     except _BaseException:
         pass
     _flush_exit(0)
 
 
-def _flush_exit(code):
+# ---------------------------------------------------------------------------------------------------------
+# Child checks in two processes. The program's process P answers calls; the checker C runs the check code on
+# the plain data P returns. C holds the result fd and the check text (read only after P was forked, and never
+# in the zygote's memory as a Python object), and is not dumpable, so P cannot forge C's records, read the
+# expected values out of the check, or make the check pass with an object whose methods lie: C never touches
+# an object of P's, only plain values (objects that are not plain data stay in P as opaque references).
+# ---------------------------------------------------------------------------------------------------------
+_REFS = []  # P: objects of the program that are not plain data, referred to by index
+
+
+def _tag_or_ref(v):
+    try:
+        return _tag(v)
+    except _BaseException:
+        _REFS.append(v)
+        return {"ref": _len(_REFS) - 1}
+
+
+def _untag(x, depth=0):
+    """Tagged JSON -> value (P reading the checker's arguments, C reading P's answers: then untrusted, and
+    any malformed input raises, which fails the check)."""
+    if depth > MAX_DEPTH:
+        raise ValueError("nested too deeply")
+    if x is None or _type(x) in (bool, str):
+        return x
+    if _type(x) is not dict or _len(x) != 1:
+        raise ValueError("malformed tagged value")
+    ((k, v),) = x.items()
+    if k == "i":
+        if _type(v) is int:
+            return v
+        if _type(v) is str and _len(v) <= 100_000:
+            return int(v, 16)
+        raise ValueError("bad int")
+    if k == "f" and _type(v) is str and _len(v) <= 64:
+        return float(v)
+    if k == "c" and _type(v) is list and _len(v) == 2 and all(_type(p) is str and _len(p) <= 64 for p in v):
+        return complex(float(v[0]), float(v[1]))
+    if k == "b" and _type(v) is str:
+        return bytes.fromhex(v)
+    if k == "ref" and _type(v) is int:
+        return _ref_value(v)
+    if _type(v) is not list:
+        raise ValueError("malformed tagged value")
+    if k == "l":
+        return [_untag(e, depth + 1) for e in v]
+    if k == "t":
+        return tuple(_untag(e, depth + 1) for e in v)
+    if k == "s":
+        return set(_untag(e, depth + 1) for e in v)
+    if k == "fs":
+        return frozenset(_untag(e, depth + 1) for e in v)
+    if k == "d":
+        out = {}
+        for pair in v:
+            if _type(pair) is not list or _len(pair) != 2:
+                raise ValueError("malformed dict item")
+            out[_untag(pair[0], depth + 1)] = _untag(pair[1], depth + 1)
+        return out
+    raise ValueError("unknown tag")
+
+
+_IN_CHECKER = False
+
+
+def _ref_value(i):
+    if _IN_CHECKER:
+        return _Remote(i)
+    if not 0 <= i < _len(_REFS):
+        raise ValueError("unknown reference")
+    return _REFS[i]
+
+
+def _read_line(fd, buf, cap):
+    """One newline-terminated line from fd (bytes, without the newline), or None at EOF."""
+    while True:
+        j = buf.find(b"\n")
+        if j >= 0:
+            line = bytes(buf[:j])
+            del buf[: j + 1]
+            return line
+        if _len(buf) > cap:
+            raise ValueError("line too long")
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None
+        buf.extend(chunk)
+
+
+def _serve(g):
+    """P, after the program and the parent-graded calls: announce the program's names, answer calls."""
+    names = {}
+    for name, v in _list(dict.items(g)):
+        if _type(name) is str and not name.startswith("__") and not _isinstance(v, _ModuleType):
+            names[name] = _tag_or_ref(v)
+    _flush_std()
+    _emit({"k": "ready", "names": names})
+    buf = bytearray()
+    while True:
+        try:
+            line = _read_line(CHECK_FD, buf, 1 << 24)
+        except _BaseException:
+            line = None
+        if line is None:
+            _flush_exit(0)
+        try:
+            req = _loads(line)
+            fn = _untag(req["f"])
+            args = [_untag(a) for a in req["a"]]
+            kwargs = {k: _untag(v) for k, v in req["kw"]}
+        except _BaseException as e:
+            _emit({"k": "r", "exc": "RuntimeError", "msg": "bad request: " + _short(e)[1]})
+            continue
+        try:
+            rec = {"k": "r", "v": _tag_or_ref(fn(*args, **kwargs))}
+        except _BaseException as e:  # SystemExit and KeyboardInterrupt too: the call failed
+            et, msg = _short(e)
+            rec = {"k": "r", "exc": et, "msg": msg}
+        _flush_std()  # the checker may end P at any reply: keep its output
+        _emit(rec)
+
+
+class _Remote:
+    """In the checker: an object of the program that is not plain data. It can be passed back to the program
+    and called there; it equals only itself and has no truth value, attributes or other behaviour here."""
+
+    __slots__ = ("_rid",)
+
+    def __init__(self, rid):
+        self._rid = rid
+
+    def __call__(self, *args, **kwargs):
+        return _CALL(self._rid, args, kwargs)
+
+    def __eq__(self, other):
+        return _type(other) is _Remote and other._rid == self._rid
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash(("remote", self._rid))
+
+    def __bool__(self):
+        raise TypeError("an object of the program that is not plain data has no truth value in the check")
+
+    def __repr__(self):
+        return "<object of the program>"
+
+
+_CALL = None
+
+
+def _remote_exception(rec):
+    import builtins
+
+    name, msg = rec.get("exc"), rec.get("msg")
+    name = name if _type(name) is str else "Exception"
+    msg = msg[:300] if _type(msg) is str else ""
+    cls = getattr(builtins, name, None) if name.isidentifier() else None
+    if _isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(msg)
+        except _BaseException:
+            pass
+    return RuntimeError(f"{name}: {msg}")
+
+
+def _checker(req):
+    """C: fork the program's process P, then (only then) read the check text and run it. Never returns."""
+    global _IN_CHECKER, _CALL
+    try:
+        to_p_r, to_p_w = os.pipe()
+        from_p_r, from_p_w = os.pipe()
+        _prctl(PR_SET_DUMPABLE, 0)  # before the fork: no window in which P could open /proc/C/{mem,fd}
+        pid = os.fork()
+    except _BaseException as e:
+        _emit({"k": "setup_err", "msg": "checker: " + repr(e)[:200]})
+        _flush_exit(0)
+    if pid == 0:  # P
+        try:
+            os.close(to_p_w)
+            os.close(from_p_r)
+            os.dup2(from_p_w, RESULT_FD)  # P's records go to the checker, never to the zygote
+            os.dup2(to_p_r, CHECK_FD)  # replaces the check pipe: P never had the check text
+            os.close(from_p_w)
+            os.close(to_p_r)
+            _prctl(PR_SET_DUMPABLE, 1)
+        except _BaseException:
+            _exit(121)
+        _program_side(req, serve=True)
+    _IN_CHECKER = True
+    os.close(to_p_r)
+    os.close(from_p_w)
+    cap = int(req["limits"]["result_bytes"])
+    chunks = []
+    while True:
+        chunk = os.read(CHECK_FD, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(CHECK_FD)
+    check = b"".join(chunks).decode("utf-8", "surrogateescape")
+    del chunks
+    buf = bytearray()
+    started = False
+    names = None
+    while names is None:
+        try:
+            line = _read_line(from_p_r, buf, cap)
+        except _BaseException:
+            line = None
+        if line is None:
+            break
+        try:
+            rec = _loads(line)
+        except _BaseException:
+            continue
+        if _type(rec) is not dict:
+            continue
+        k = rec.get("k")
+        if k == "ready":
+            names = rec.get("names") if _type(rec.get("names")) is dict else {}
+        elif k in ("syntax", "prog_err", "start", "t"):  # P's own records; anything else from P is dropped
+            started |= k == "start"
+            _emit(rec)
+    if names is None:  # P ended before the check could run (syntax error, exit, crash)
+        if started:
+            _emit({"k": "check", "ok": False, "exc": "RuntimeError", "msg": "the program's process ended"})
+        _end_checker(pid)
+
+    def call(rid, args, kwargs):
+        kw = [[k, _tag(v)] for k, v in kwargs.items()]
+        msg = {"f": {"ref": rid}, "a": [_tag(a) for a in args], "kw": kw}
+        data = (_dumps(msg) + "\n").encode("utf-8", "surrogatepass")
+        try:
+            while data:
+                data = data[os.write(to_p_w, data) :]
+            line = _read_line(from_p_r, buf, cap)
+        except OSError:
+            line = None
+        if line is None:
+            raise RuntimeError("the program's process ended during the check")
+        rec = _loads(line)
+        if _type(rec) is not dict or rec.get("k") != "r":
+            raise RuntimeError("the program's process broke the call protocol")
+        if "exc" in rec:
+            raise _remote_exception(rec)
+        return _untag(rec.get("v"))
+
+    _CALL = call
+    try:
+        import builtins
+
+        ns = {"__name__": "__main__", "__builtins__": builtins}
+        for name, tagged in names.items():
+            if _type(name) is str and name.isidentifier():
+                ns[name] = _untag(tagged)
+        _exec(_compile(check, "<check>", "exec"), ns)
+        _emit({"k": "check", "ok": True})
+    except _BaseException as e:
+        et, msg = _short(e)
+        _emit({"k": "check", "ok": False, "exc": et, "msg": msg})
+    _emit({"k": "done"})
+    _end_checker(pid)
+
+
+def _end_checker(pid):
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    _flush_exit(0)
+
+
+def _flush_std():
     for s in (sys.stdout, sys.stderr):
         try:
             s.flush()
         except BaseException:
             pass
+
+
+def _flush_exit(code):
+    _flush_std()
     _exit(code)
 
 
@@ -478,7 +770,7 @@ def _drop_caps():
     _check(_libc.syscall(126, ctypes.byref(hdr), ctypes.byref(data)), "capset")  # SYS_capset
 
 
-def child_c3(req, cfg, out_w, res_w, workdir):
+def child_c3(req, cfg, out_w, res_w, workdir, check_r=None):
     """The program's process. Ends in harness(), never returns."""
     try:
         mode = cfg["mode"]
@@ -490,11 +782,19 @@ def child_c3(req, cfg, out_w, res_w, workdir):
         os.dup2(out_w, 1)
         os.dup2(out_w, 2)
         os.dup2(res_w, RESULT_FD)
-        os.closerange(RESULT_FD + 1, 1 << 16)
+        if check_r is not None:
+            os.dup2(check_r, CHECK_FD)
+            os.closerange(CHECK_FD + 1, 1 << 16)
+        else:
+            os.closerange(RESULT_FD + 1, 1 << 16)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1):
             signal.signal(s, signal.SIG_DFL)
         os.chdir(workdir)
+        try:
+            _write("/proc/self/oom_score_adj", "1000")  # the program goes first in an out-of-memory kill
+        except OSError:
+            pass
         if mode != "rlimits":
             _unshare(CLONE_NEWIPC)  # SysV IPC objects die with the program
         _set_rlimits(lim, mode, cfg.get("nproc"))
@@ -628,6 +928,24 @@ def _fresh_tmp(lim, uid):
     )
 
 
+def _check_pipe(n):
+    """A pipe holding the check text (from CHECK_BUF, then zeroed): the forked child inherits the read end but
+    not the bytes, which sit in the kernel's pipe buffer until the checker reads them."""
+    r, w = os.pipe()
+    try:
+        if n > 65536:
+            fcntl.fcntl(w, F_SETPIPE_SZ, n)
+        view = memoryview(CHECK_BUF)[:n]
+        off = 0
+        while off < n:
+            off += os.write(w, view[off:])
+        view.release()
+    finally:
+        CHECK_BUF[:n] = bytes(n)
+        os.close(w)
+    return r
+
+
 def run_job(req, cfg, req_fd):
     lim = req["limits"]
     mode = cfg["mode"]
@@ -641,15 +959,18 @@ def run_job(req, cfg, req_fd):
         workdir = "/tmp"
     else:
         workdir = tempfile.mkdtemp(prefix="grpo-sbx-")
+    check_r = _check_pipe(int(req["check_len"])) if req.get("check_len") else None
     res_r, res_w = os.pipe()
     out_r, out_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(res_r)
         os.close(out_r)
-        child_c3(req, cfg, out_w, res_w, workdir)
+        child_c3(req, cfg, out_w, res_w, workdir, check_r)
     os.close(res_w)
     os.close(out_w)
+    if check_r is not None:
+        os.close(check_r)
     pidfd = os.pidfd_open(pid)
     res_buf, out_head, out_tail = bytearray(), bytearray(), bytearray()
     out_total = 0
@@ -811,6 +1132,19 @@ def _read_exact(fd, n):
     return bytes(buf)
 
 
+def _read_check(fd, n):
+    """The check text that follows a request, into CHECK_BUF (never a bytes or str object here)."""
+    view = memoryview(CHECK_BUF)
+    got = 0
+    while got < n:
+        k = os.readv(fd, [view[got:n]])
+        if k == 0:
+            return False
+        got += k
+    view.release()
+    return True
+
+
 def _send(fd, header, *blobs):
     h = json.dumps(header).encode()
     parts = [struct.pack("!I", len(h)), h]
@@ -836,7 +1170,18 @@ def main():
     os.dup2(devnull, 1)
     sys.stdout = open(os.devnull, "w")
     mode = cfg["mode"]
-    hello = {"ok": True, "mode": mode, "errors": {}, "seccomp": False, "denied": []}
+    hello = {"ok": True, "mode": mode, "errors": {}, "seccomp": False, "denied": [], "cgroup": False}
+    # join the slot's cgroups first, before anything is forked: every program of this slot is inside them
+    try:
+        for procs in cfg.get("cgroup_procs") or ():
+            _write(procs, str(os.getpid()))
+        hello["cgroup"] = bool(cfg.get("cgroup_procs"))
+    except OSError as e:
+        hello["errors"]["cgroup"] = repr(e)
+    try:
+        _write("/proc/self/oom_score_adj", "-1000")  # an OOM kill in the slot's group takes the program
+    except OSError:
+        pass  # lowering it needs CAP_SYS_RESOURCE; the programs still raise theirs to 1000
     if cfg.get("seccomp"):
         try:
             SECCOMP = Seccomp()
@@ -889,6 +1234,9 @@ def main():
         req = json.loads(body)
         if req.get("op") == "quit":
             break
+        n_check = int(req.get("check_len") or 0)
+        if not 0 <= n_check <= MAX_CHECK or not _read_check(req_fd, n_check):
+            break  # the executor broke the framing: end the slot (it restarts us)
         try:
             info, res, out = run_job(req, cfg, req_fd)
         except Exception:

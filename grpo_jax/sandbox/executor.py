@@ -17,6 +17,7 @@ import collections
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import select
 import struct
@@ -25,7 +26,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from grpo_jax.sandbox import grading, isolation
+from grpo_jax.sandbox import cgroups, grading, isolation
 from grpo_jax.sandbox.types import Job, Limits, Status, Verdict
 
 _HELLO_TIMEOUT_S = 30.0
@@ -98,12 +99,12 @@ class _Slot:
                 pass
         self.kill()
 
-    def _write(self, obj: dict) -> None:
+    def _write(self, obj: dict, blob: bytes = b"") -> None:
         if not self.alive():
             raise _WorkerDied("zygote not running")
         body = json.dumps(obj, ensure_ascii=True).encode()
         try:
-            self.proc.stdin.write(struct.pack("!I", len(body)) + body)
+            self.proc.stdin.write(struct.pack("!I", len(body)) + body + blob)
             self.proc.stdin.flush()
         except (OSError, ValueError) as e:
             raise _WorkerDied(f"write to zygote failed: {e}") from None
@@ -140,15 +141,24 @@ class _Slot:
             raise _WorkerDied("unexpected bytes from zygote")
         return parts
 
-    def execute(self, req: dict, timeout: float) -> tuple[dict, bytes, bytes]:
+    def execute(self, req: dict, timeout: float, check: bytes = b"") -> tuple[dict, bytes, bytes]:
+        """Run one request. `check` (the child check's text) travels after the JSON frame, not inside it,
+        so that the zygote can keep it out of its own Python objects (see `_zygote._read_check`)."""
         self._next_id += 1
-        req = dict(req, id=self._next_id)
-        self._write(req)
+        req = dict(req, id=self._next_id, check_len=len(check))
+        self._write(req, check)
         hdr, res, out = self._read_frame(timeout, 3)
         info = json.loads(hdr)
         if info.get("id") != self._next_id:
             raise _WorkerDied("response out of order")
         return info, res, out
+
+
+MAX_CHECK_BYTES = 1 << 20  # the zygote's check buffer (_zygote.MAX_CHECK)
+
+
+def _check_bytes(job: Job) -> bytes:
+    return job.child_check.encode("utf-8", "surrogateescape") if job.child_check is not None else b""
 
 
 def _limits_dict(lim: Limits) -> dict:
@@ -163,7 +173,7 @@ def _job_key(job: Job, lim: Limits) -> str:
             job.program,
             job.setup_code,
             job.child_check,
-            [[t.call, grading.tag(t.expected), t.float_tol] for t in job.tests],
+            [[t.call, grading.tag(t.expected), t.float_tol, t.kind, repr(t.wrap)] for t in job.tests],
             dataclasses.asdict(lim),
         ],
         ensure_ascii=True,
@@ -188,6 +198,7 @@ class Executor:
             raise ValueError("num_workers must be >= 1")
         self.cache_size = int(cache_size)
         self._cache: collections.OrderedDict[str, Verdict] = collections.OrderedDict()
+        self._expected: dict[tuple[str, str], tuple[bool, object]] = {}  # (prelude, expr) -> oracle answer
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._counts: collections.Counter = collections.Counter()
@@ -201,6 +212,9 @@ class Executor:
         source = isolation.zygote_source()
         errors: dict = {}
         self._report: dict = {}
+        self._cg = cgroups.SlotCgroups()
+        self._cg.setup(self.num_workers, self.limits.memory_bytes, self.limits.processes)
+        self._cg_memory = [self.limits.memory_bytes] * self.num_workers
         for mode in isolation.candidate_modes(tier):
             try:
                 self._start_mode(mode, python, source, errors)
@@ -219,6 +233,7 @@ class Executor:
         for i in range(self.num_workers):
             uid = self._uids.acquire() if mode == "root" else None
             slot = _Slot(i, mode, seccomp, uid, python, source)
+            slot.cfg["cgroup_procs"] = self._cg.procs_files(i)
             slots.append(slot)
             self._slots = slots
             hello = slot.start()
@@ -226,6 +241,10 @@ class Executor:
                 raise RuntimeError(f"zygote refused mode {mode}: {hello.get('errors')}")
             if hello.get("errors"):
                 errors.setdefault(mode, {}).update(hello["errors"])
+            if slot.cfg["cgroup_procs"] and not hello.get("cgroup"):
+                self._cg.report.update(
+                    active=False, why=f"a zygote could not join: {hello['errors'].get('cgroup')}"
+                )
             if not hello.get("seccomp"):
                 seccomp = False
                 for s in slots:
@@ -245,7 +264,7 @@ class Executor:
                 facts = grading.untag(r["v"])
         if not isinstance(facts, dict):
             raise RuntimeError(f"probe child gave no facts: {info} {raw[:300]!r}")
-        report = isolation.report_from_probe(mode, seccomp, facts, errors)
+        report = isolation.report_from_probe(mode, seccomp, facts, errors, cgroup=self._cg.report)
         a = report["active"]
         needed = {
             "root": (
@@ -283,6 +302,7 @@ class Executor:
         self._closed = True
         with self._run_lock:
             self._stop_slots()
+            self._cg.close()
 
     def __enter__(self) -> Executor:
         return self
@@ -304,7 +324,23 @@ class Executor:
         r["seccomp_denied_syscalls"] = (
             sorted(set(self._slots[0].hello.get("denied", []))) if self._slots else []
         )
+        r["cgroup"] = dict(self._cg.report)
         return r
+
+    def tier_line(self) -> str:
+        """One line for logs: the tier, the slots, and the cgroup limits in force (or why there are none)."""
+        cg = self._cg.report
+        if cg.get("active"):
+            limits = (
+                f"cgroup {cg['version']}: memory {cg['memory_bytes'] >> 20} MiB, pids {cg['pids']} per slot"
+            )
+            if cg.get("v2_unavailable"):
+                limits += f" (v2 unusable: {cg['v2_unavailable']})"
+        else:
+            limits = (
+                f"no cgroup limits ({cg.get('why') or 'not set up'}); RLIMIT_AS / RLIMIT_NPROC per program"
+            )
+        return f"{self.tier} ({self.num_workers} slots); {limits}"
 
     def stats(self) -> dict:
         with self._lock:
@@ -319,6 +355,10 @@ class Executor:
             "retries": c.get("retries", 0),
             "infra_errors": c.get("status:infra_error", 0),
             "deadline_skipped": c.get("deadline_skipped", 0),
+            "oracle_runs": c.get("oracle_runs", 0),
+            "cgroup_oom_kills": c.get(
+                "cgroup_oom_kills", 0
+            ),  # children that computed non-literal expected values
             "leftover_processes_killed": c.get("leftover", 0),
             "busy_seconds": busy,
             "programs_per_s": (executed / busy) if busy > 0 else 0.0,
@@ -337,7 +377,6 @@ class Executor:
             "program": job.program,
             "setup": job.setup_code or "",
             "calls": [t.call for t in job.tests],
-            "check": job.child_check,
             "limits": ld,
         }
 
@@ -349,12 +388,93 @@ class Executor:
             return []  # not a sequence: nothing to answer
         try:
             with self._run_lock:
-                return self._run(jobs, deadline_s)
+                return self._run(self._resolve_expected(jobs), deadline_s)
         except Exception as e:  # defensive: the contract is "never raises"
             v = Verdict(Status.INFRA_ERROR, False, detail=f"executor: {type(e).__name__}: {e}"[:300])
             with self._lock:
                 self._counts["status:infra_error"] += len(jobs)
             return [v] * len(jobs)
+
+    # ------------------------------------------------------------------------------- expected-value oracle
+    def _resolve_expected(self, jobs: list) -> list:
+        """Fill in `expected` of the tests whose expected side is an expression (`TestCase.expected_expr`).
+
+        Each distinct (prelude, expression) is evaluated once per executor, in a sandboxed child whose program
+        is the prelude's import lines only: no candidate ever runs there, and the value comes back as tagged
+        plain data like any result. An expression that raises, times out or gives a value that is not plain
+        data makes its test `kind="invalid"` (it fails, with the reason in the test's error)."""
+        todo: dict[str, set[str]] = {}
+        for job in jobs:
+            for t in getattr(job, "tests", ()) or ():
+                if isinstance(t, grading.TestCase) and t.expected_expr is not None:
+                    if (t.prelude, t.expected_expr) not in self._expected:
+                        todo.setdefault(t.prelude, set()).add(t.expected_expr)
+        for prelude, exprs in todo.items():
+            ordered = sorted(exprs)
+            got = self._evaluate(prelude, ordered)
+            for e in [e for e in ordered if e not in got]:  # one slow or crashing expression: one at a time
+                got.update(self._evaluate(prelude, [e]))
+            for e in ordered:
+                if e in got:
+                    self._expected[(prelude, e)] = got[e]
+        out = []
+        for job in jobs:
+            tests = getattr(job, "tests", None)
+            if isinstance(job, Job) and any(t.expected_expr is not None for t in tests):
+                job = dataclasses.replace(job, tests=tuple(self._resolved(t) for t in tests))
+            out.append(job)
+        return out
+
+    def _resolved(self, t: grading.TestCase) -> grading.TestCase:
+        if t.expected_expr is None:
+            return t
+        hit = self._expected.get((t.prelude, t.expected_expr))
+        if hit is None:  # the oracle child could not run (infra): leave it for _prepare to report
+            return t
+        ok, value = hit
+        if ok:
+            return dataclasses.replace(t, expected=value, expected_expr=None)
+        return dataclasses.replace(t, kind="invalid", expected=value, expected_expr=None)
+
+    def _evaluate(self, prelude: str, exprs: list[str]) -> dict[str, tuple[bool, object]]:
+        """{expr: (True, value) | (False, reason)} for the expressions the oracle child answered."""
+        job = Job(program=prelude + "\n", tests=tuple(grading.TestCase(call=e) for e in exprs))
+        slot = self._slots[0]
+        try:
+            if not slot.alive():
+                self._restart(slot)
+            info, raw, _ = slot.execute(
+                self._request(job, self.limits), self.limits.wall_s + _RESPONSE_SLACK_S, b""
+            )
+        except Exception:
+            try:
+                self._restart(slot)
+            except Exception:
+                pass
+            return {}
+        with self._lock:
+            self._counts["oracle_runs"] += 1
+        records, _problem = grading.parse_records(raw, self.limits.result_bytes)
+        out: dict[str, tuple[bool, object]] = {}
+        for r in records:
+            if r.get("k") == "prog_err":
+                reason = f"the test's imports failed: {r.get('exc')}"
+                return {e: (False, reason) for e in exprs}
+            i = r.get("i")
+            if r.get("k") != "t" or type(i) is not int or not 0 <= i < len(exprs) or exprs[i] in out:
+                continue
+            if "v" in r:
+                try:
+                    out[exprs[i]] = (True, grading.untag(r["v"]))
+                except (grading.BadResult, RecursionError, ValueError, OverflowError, MemoryError):
+                    out[exprs[i]] = (False, "the expected value is not plain data")
+            elif "exc" in r:
+                out[exprs[i]] = (False, f"the expected side raised {str(r.get('exc'))[:60]}")
+            else:
+                out[exprs[i]] = (False, "the expected value is not plain data")
+        if info.get("timed_out") and len(exprs) == 1 and not out:
+            out[exprs[0]] = (False, "the expected side did not finish in the time limit")
+        return out
 
     def _run(self, jobs: list[Job], deadline_s: float | None) -> list[Verdict]:
         t_start = time.monotonic()
@@ -399,6 +519,9 @@ class Executor:
 
     def _prepare(self, job: Job) -> tuple[Verdict | None, str | None, Job, Limits]:
         lim = job.limits or self.limits
+        t = job.time_limit_s
+        if t is not None and 0 < t < lim.wall_s:
+            lim = dataclasses.replace(lim, wall_s=float(t), cpu_s=max(1, min(lim.cpu_s, math.ceil(t))))
         program = job.program
         if isinstance(program, bytes | bytearray):
             program = bytes(program).decode("utf-8", "surrogateescape")
@@ -412,6 +535,23 @@ class Executor:
             return (
                 Verdict(
                     Status.SYNTAX_ERROR, False, detail=f"source too large ({size} > {lim.source_bytes} bytes)"
+                ),
+                None,
+                job,
+                lim,
+            )
+        if job.child_check is not None and len(_check_bytes(job)) > MAX_CHECK_BYTES:
+            return (
+                Verdict(Status.INFRA_ERROR, False, detail=f"child check larger than {MAX_CHECK_BYTES} bytes"),
+                None,
+                job,
+                lim,
+            )
+        unresolved = [t for t in job.tests if t.expected_expr is not None]
+        if unresolved:
+            return (
+                Verdict(
+                    Status.INFRA_ERROR, False, detail="expected value not resolved: " + unresolved[0].source
                 ),
                 None,
                 job,
@@ -480,7 +620,13 @@ class Executor:
             try:
                 if not slot.alive():
                     self._restart(slot)
-                info, raw, output = slot.execute(self._request(job, lim, wall), wall + _RESPONSE_SLACK_S)
+                if self._cg_memory[slot.index] != lim.memory_bytes:
+                    self._cg.set_memory(slot.index, lim.memory_bytes)
+                    self._cg_memory[slot.index] = lim.memory_bytes
+                ooms = self._cg.oom_kills(slot.index)
+                info, raw, output = slot.execute(
+                    self._request(job, lim, wall), wall + _RESPONSE_SLACK_S, _check_bytes(job)
+                )
             except _WorkerDied as e:
                 with self._lock:
                     self._counts["worker_deaths"] += 1
@@ -507,6 +653,12 @@ class Executor:
                 self._counts["executed"] += 1
                 self._counts["leftover"] += int(info.get("leftover") or 0)
             v = grading.grade(job.tests, job.child_check is not None, info, raw, output, lim.result_bytes)
+            if ooms >= 0 and not v.passed and self._cg.oom_kills(slot.index) > ooms:
+                with self._lock:
+                    self._counts["cgroup_oom_kills"] += 1
+                v = dataclasses.replace(
+                    v, status=Status.MEMORY, detail="cgroup memory limit (OOM kill) " + v.detail
+                )
             if retried:
                 v = dataclasses.replace(v, retried=True)
             return v

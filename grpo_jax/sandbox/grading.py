@@ -1,7 +1,7 @@
 """Parent-side grading: the child's bytes become plain data here and the parent decides.
 
-* `split_assert` turns `assert CALL == EXPECTED` into a `TestCase` (only CALL goes to the child; EXPECTED must
-  be a literal and stays in the parent).
+* `grpo_jax.sandbox.asserts` splits asserts into `TestCase`s (only CALL goes to the child; the expected side
+  stays in the parent); `check_value` applies a test's wrappers and comparison to the child's plain value.
 * `parse_records` reads the child's line-delimited, type-tagged JSON with size and depth caps; it never
   unpickles or evals child bytes and never calls methods on child-made objects (there are none: only builtin
   containers and scalars are constructed here).
@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import math
 import signal
@@ -29,41 +28,6 @@ NUMERIC_WIDENING = True  # int 3 == float 3.0 (Python semantics of the original 
 
 class BadResult(ValueError):
     """The child's result bytes are malformed, too deep, or use an unknown tag."""
-
-
-# ------------------------------------------------------------------------------------------------------------
-# Tests: `assert CALL == EXPECTED`
-# ------------------------------------------------------------------------------------------------------------
-def split_assert(line: str) -> TestCase | None:
-    """`assert CALL == EXPECTED` -> TestCase(call, expected) when EXPECTED is a literal; else None."""
-    try:
-        tree = ast.parse(line.strip())
-    except (SyntaxError, ValueError):
-        return None
-    if len(tree.body) != 1 or not isinstance(tree.body[0], ast.Assert):
-        return None
-    test = tree.body[0].test
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)):
-        return None
-    left, right = test.left, test.comparators[0]
-    for call_node, exp_node in ((left, right), (right, left)):
-        try:
-            expected = ast.literal_eval(exp_node)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            continue
-        if _is_literal_node(call_node):
-            continue  # both sides literal: nothing to run
-        call = ast.unparse(call_node)
-        return TestCase(call=call, expected=expected, source=line.strip())
-    return None
-
-
-def _is_literal_node(node: ast.AST) -> bool:
-    try:
-        ast.literal_eval(node)
-        return True
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        return False
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -204,6 +168,118 @@ def _num_eq(a: float, b: float, tol: float) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------------
+# One parent-graded test: wrappers and the comparison, on plain data only
+# ------------------------------------------------------------------------------------------------------------
+KINDS = (
+    "invalid",
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "truthy",
+    "falsy",
+    "in",
+    "not_in",
+    "contains",
+    "not_contains",
+    "abs_lt",
+    "abs_le",
+    "isclose",
+)
+_WRAP_FNS = {
+    "set": set,
+    "frozenset": frozenset,
+    "list": list,
+    "tuple": tuple,
+    "len": len,
+    "abs": abs,
+    "sum": sum,
+    "min": min,
+    "max": max,
+    "str": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+}
+_MAX_WRAP_ITEMS = 1_000_000
+
+
+def _apply_wrap(name: str, args: tuple, v: Any) -> Any:
+    if type(v) is bool and name in ("abs", "round", "sum"):
+        raise TypeError(f"{name}() of a bool")
+    if name == "sorted":
+        return sorted(v, reverse=bool(args[0]) if args else False)
+    if name == "round":
+        if type(v) not in (int, float):
+            raise TypeError("round() of a non-number")
+        return round(v, *args)
+    if name in ("str", "int", "float") and type(v) not in (int, float, str, bool):
+        raise TypeError(
+            f"{name}() of a container"
+        )  # str(list) would format in the parent: not what a test means
+    if name == "int" and type(v) is str and len(v) > 4300:
+        raise ValueError("int() of a huge string")
+    return _WRAP_FNS[name](v)
+
+
+def _real(x: Any) -> bool:
+    return type(x) in (int, float)  # bool is not a number here
+
+
+def check_value(tc: TestCase, got: Any) -> bool:
+    """Does the child's plain value `got` pass `tc`? Raises nothing for plain data: a value the wrappers or
+    the comparison cannot take (sorted of mixed types, set of lists) fails the test."""
+    try:
+        for name, args in tc.wrap:
+            got = _apply_wrap(name, args, got)
+        exp = tc.expected
+        k = tc.kind
+        if k == "invalid":  # the expected side could not be computed (executor oracle)
+            return False
+        if k == "eq":
+            return strict_equal(got, exp, tc.float_tol)
+        if k == "ne":
+            return not strict_equal(got, exp, tc.float_tol)
+        if k == "truthy":
+            return bool(got)
+        if k == "falsy":
+            return not bool(got)
+        if k in ("lt", "le", "gt", "ge"):
+            if not (
+                (_real(got) and _real(exp)) or (type(got) is type(exp) and type(got) in (str, tuple, list))
+            ):
+                return False
+            return {"lt": got < exp, "le": got <= exp, "gt": got > exp, "ge": got >= exp}[k]
+        if k in ("in", "not_in", "contains", "not_contains"):
+            hay, needle = (exp, got) if k in ("in", "not_in") else (got, exp)
+            if type(hay) is str:
+                found = type(needle) is str and needle in hay
+            elif type(hay) in (list, tuple, set, frozenset):
+                found = any(strict_equal(needle, e, tc.float_tol) for e in hay)
+            elif type(hay) is dict:
+                found = any(strict_equal(needle, e) for e in hay)
+            else:
+                return False
+            return found if k in ("in", "contains") else not found
+        if k in ("abs_lt", "abs_le"):
+            x, tol = exp
+            if not (_real(got) and _real(x) and _real(tol)):
+                return False
+            d = abs(got - x)
+            return d < tol if k == "abs_lt" else d <= tol
+        if k == "isclose":
+            x, rel, abs_tol = exp
+            if not (_real(got) and _real(x) and _real(rel) and _real(abs_tol)):
+                return False
+            return math.isclose(got, x, rel_tol=rel, abs_tol=abs_tol)
+    except (TypeError, ValueError, OverflowError, RecursionError, MemoryError, ZeroDivisionError):
+        return False
+    return False
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Records -> Verdict
 # ------------------------------------------------------------------------------------------------------------
 def parse_records(raw: bytes, max_bytes: int) -> tuple[list[dict], str]:
@@ -302,8 +378,9 @@ def grade(
         elif "v" in r:
             try:
                 got = untag(r["v"])
-                ok = strict_equal(got, tc.expected, tc.float_tol)
-                results.append(TestResult(ok, Status.PASSED if ok else Status.WRONG_ANSWER, s))
+                ok = check_value(tc, got)
+                why = "" if ok or tc.kind != "invalid" else f"expected value unavailable: {tc.expected}"
+                results.append(TestResult(ok, Status.PASSED if ok else Status.WRONG_ANSWER, s, why))
             except (BadResult, RecursionError, ValueError, OverflowError, MemoryError) as e:
                 results.append(TestResult(False, Status.WRONG_ANSWER, s, f"unusable result: {_text(str(e))}"))
         else:

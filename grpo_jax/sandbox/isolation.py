@@ -90,6 +90,21 @@ def tier_name(mode: str, seccomp: bool) -> str:
     return "seccomp+rlimits" if seccomp else "rlimits-only"
 
 
+def sandbox_uid_pids() -> list[int]:
+    """The pids of every process of a sandbox uid on this machine (visible from the host's /proc); [] after
+    every program when nothing escaped the tree kill."""
+    out = []
+    for n in os.listdir("/proc"):
+        if n.isdigit():
+            try:
+                uid = os.stat(f"/proc/{n}").st_uid
+            except OSError:
+                continue
+            if UID_BASE <= uid < UID_BASE + UID_COUNT:
+                out.append(int(n))
+    return out
+
+
 class UidLease:
     """Exclusive per-slot uids across every executor on the machine (flock on /run files; root only)."""
 
@@ -153,13 +168,22 @@ def _facts():
             s.close()
     d["env"] = sorted(os.environ)
     d["home_visible"] = any(os.path.exists(p) for p in ("/root", "/home", "/work"))
+    try:
+        d["cgroup"] = open("/proc/self/cgroup").read()[:4000]
+    except OSError:
+        d["cgroup"] = ""
     return d
 """
 
 
-def report_from_probe(mode: str, seccomp_loaded: bool, facts: dict | None, errors: dict) -> dict:
-    """Build the tier report from what the probe child observed. Each protection is True only if seen."""
+def report_from_probe(
+    mode: str, seccomp_loaded: bool, facts: dict | None, errors: dict, cgroup: dict | None = None
+) -> dict:
+    """Build the tier report from what the probe child observed. Each protection is True only if seen (the
+    slot's cgroups count only when the probe child finds itself inside the group `cgroup["group"]`)."""
     f = facts or {}
+    cg = cgroup or {}
+    in_group = bool(cg.get("active")) and bool(cg.get("group")) and cg["group"] in str(f.get("cgroup", ""))
     st = f.get("status", {}) if isinstance(f.get("status"), dict) else {}
     ifaces = f.get("net_ifaces") if isinstance(f.get("net_ifaces"), list) else ["?"]
     uid = f.get("uid")
@@ -178,7 +202,7 @@ def report_from_probe(mode: str, seccomp_loaded: bool, facts: dict | None, error
         "nproc_limit_effective": mode in ("root",),
         "cleared_env": set(f.get("env") or ["?"]) <= {"PATH", "LANG", "HOME", "TMPDIR"},
         "private_workdir": facts is not None,
-        "cgroup_memory_pids": False,
+        "cgroup_memory_pids": in_group,
     }
     missing = {}
     why = {
@@ -188,8 +212,8 @@ def report_from_probe(mode: str, seccomp_loaded: bool, facts: dict | None, error
         "unprivileged_uid_per_slot": "needs root (setuid to a dedicated uid per slot)",
         "seccomp": "libseccomp.so.2 could not be loaded or the filter did not apply",
         "nproc_limit_effective": "RLIMIT_NPROC counts per real uid: exact only with a dedicated uid per slot",
-        "cgroup_memory_pids": "not implemented: the aggregate memory of a multi-process program is bounded "
-        "only by RLIMIT_AS x RLIMIT_NPROC",
+        "cgroup_memory_pids": (cg.get("why") or "the probe child is not inside the slot's group")
+        + "; the aggregate memory of a multi-process program is bounded only by RLIMIT_AS x RLIMIT_NPROC",
     }
     for k, v in active.items():
         if not v:

@@ -18,21 +18,36 @@ from typing import Any
 
 @dataclasses.dataclass(frozen=True)
 class TestCase:
-    """One parent-graded test: `assert {call} == {expected!r}`.
+    """One parent-graded test: the child evaluates `call`, the parent judges the plain value it returns.
 
     `call` (a Python expression) is the only part sent to the sandboxed child, which evaluates it after the
-    program ran; `expected` is plain data (None, bool, int, float, str, list, tuple, dict of those) that never
-    leaves the parent, which compares the child's returned value to it type-strictly (bool is not int).
-    `float_tol` > 0 allows |got - expected| <= tol for floats (only where the task says so); otherwise the
-    comparison is exact. `source` is the original assert text, for reports.
+    program ran and returns plain data (None, bool, int, float, str, bytes, complex, list, tuple, set, dict of
+    those; subclasses reduced to their builtin data). The parent then applies `wrap` (plain-data functions
+    such as `set`, `sorted`, `round(., n)`, innermost first) and the comparison `kind` against `expected`:
+
+    - "eq" / "ne": type-strict equality (bool is not int; `float_tol` > 0 allows |got - expected| <= tol);
+    - "lt" / "le" / "gt" / "ge": ordering of two numbers (or two values of one type among str / list / tuple);
+    - "truthy" / "falsy": `assert CALL` / `assert not CALL` (expected unused);
+    - "in" / "not_in": got in expected; "contains" / "not_contains": expected in got;
+    - "abs_lt" / "abs_le": expected = (x, tol), abs(got - x) < tol (<=);
+    - "isclose": expected = (x, rel_tol, abs_tol), math.isclose.
+
+    `expected` never leaves the parent. When it is not a literal (`10**12 + 1`, `math.pi`), `expected_expr`
+    holds the expression and `prelude` the import lines it needs: the executor evaluates it once in a separate
+    sandboxed child that never sees a candidate, and fills `expected` in before grading. `source` is the
+    original assert text, for reports.
     """
 
     __test__ = False  # not a pytest test class
 
     call: str
-    expected: Any
+    expected: Any = None
     source: str = ""
     float_tol: float = 0.0
+    kind: str = "eq"
+    wrap: tuple[tuple[str, tuple], ...] = ()
+    expected_expr: str | None = None
+    prelude: str = ""
 
 
 class Status(enum.StrEnum):
@@ -69,6 +84,7 @@ class Job:
     child_check: str | None = None
     setup_code: str = ""
     limits: Limits | None = None  # None: the executor's defaults
+    time_limit_s: float | None = None  # a tighter wall limit for this job (CPU follows); never looser
 
 
 @dataclasses.dataclass(frozen=True)

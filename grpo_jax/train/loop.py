@@ -122,6 +122,8 @@ def setup(cfg: RunConfig, executor: Executor, print_fn, notes) -> tuple[Run, Run
 def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -> Run:
     """Problems, tokenizer, model, optimizer, checkpointer, train step and rollout of a run (no state)."""
     sft_p, rl_p, heldout, extra = problem_sets(cfg)
+    if executor is not None and cfg.sandbox.time_limits == "reference":
+        rl_p, heldout, extra = reference_limits(cfg, executor, rl_p, heldout, extra, print_fn)
     tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     t = cfg.tasks
     what = f"levels {t.sft_levels} / {t.rl_levels}" if t.source == "procedural" else "MBPP train split"
@@ -194,6 +196,26 @@ def problem_sets(cfg: RunConfig) -> tuple[list, list, list, dict]:
     if cfg.eval.humaneval:
         extra["humaneval"] = datasets.load_humaneval()
     return sft_p, rl_p, heldout, extra
+
+
+def reference_limits(cfg: RunConfig, executor: Executor, rl_p, heldout, extra, print_fn):
+    """Every graded problem with its own wall limit from its reference's measured time (cached on disk)."""
+    from grpo_jax.codegen.timelimits import with_reference_time_limits
+
+    kw = dict(floor_s=cfg.sandbox.time_limit_floor_s, factor=cfg.sandbox.time_limit_factor)
+    groups = [rl_p, heldout, *extra.values()]
+    flat, report = with_reference_time_limits(executor, [p for g in groups for p in g], **kw)
+    out, i = [], 0
+    for g in groups:
+        out.append(flat[i : i + len(g)])
+        i += len(g)
+    r = report
+    print_fn(
+        f"time limits: per problem {r['min_s']:.2f}–{r['max_s']:.2f} s (median {r['median_s']:.2f}; "
+        f"{r['measured']} references measured, {r['cached']} cached, {r['failed_reference']} "
+        f"without a passing reference keep {r['cap_s']} s)"
+    )
+    return out[0], out[1], dict(zip(extra, out[2:], strict=True))
 
 
 def model_and_tokenizer(cfg: RunConfig, print_fn=print):

@@ -48,7 +48,7 @@ import numpy as np
 from grpo_jax import curriculum, replay
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
-from grpo_jax.codegen.rewards import failure_counts, per_test_rewards
+from grpo_jax.codegen.rewards import child_checked_fractions, failure_counts, per_test_rewards
 from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import RunConfig
 from grpo_jax.policies import sampling
@@ -406,6 +406,7 @@ class CodegenRollout:
             "sandbox/cache_hits": float(sum(v.cached for v in verdicts)),
         }
         m.update({f"sandbox/{k}": float(v) for k, v in failure_counts(verdicts).items()})
+        m.update({f"sandbox/{k}": v for k, v in child_checked_fractions(verdicts).items()})
         return m
 
     def _sample_row(self, x: _Round, b: int) -> dict:

@@ -1,0 +1,126 @@
+"""Per-problem time limits from the reference solutions' measured run times (host side, no JAX).
+
+Generated code loops forever often, and a program that never ends costs the whole wall limit. Like evalplus
+and LiveCodeBench, each problem gets `limit = min(cap, max(floor, factor x reference seconds))`: the
+reference solution is run once through the executor (its verdict's `seconds`: the whole program with its
+tests, in the sandbox) and the figure is cached on disk, keyed by the program, its tests, its check and the
+sandbox tier, so later runs do not measure again. `cap` is the executor's own limit (a per-problem limit is
+never looser). A reference that does not pass keeps the cap (and is counted in the report).
+
+    problems, report = with_reference_time_limits(executor, problems, floor_s=0.5, factor=5.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.problem import Problem
+
+DEFAULT_FLOOR_S = 0.5
+DEFAULT_FACTOR = 5.0
+
+
+def cache_path() -> Path:
+    """$GRPO_JAX_CACHE_DIR/reference_times.json (default ~/.cache/grpo_jax/reference_times.json)."""
+    base = os.environ.get("GRPO_JAX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "grpo_jax")
+    return Path(base) / "reference_times.json"
+
+
+def _key(p: Problem, tier: str) -> str:
+    payload = json.dumps(
+        [
+            tier,
+            p.reference,
+            p.setup_code,
+            p.child_check,
+            [[t.call, t.kind, repr(t.expected)] for t in p.tests],
+        ],
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _save(path: Path, data: dict) -> None:
+    """Atomic write; a cache that cannot be written is only a cost (the figures are measured again)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def with_reference_time_limits(
+    executor,
+    problems: Sequence[Problem],
+    *,
+    floor_s: float = DEFAULT_FLOOR_S,
+    factor: float = DEFAULT_FACTOR,
+    cache: Path | None = None,
+) -> tuple[list[Problem], dict]:
+    """`problems` with `time_limit_s` set, and a report {measured, cached, no_reference, failed_reference,
+    min_s, median_s, max_s}. The cap is the executor's wall limit."""
+    if floor_s <= 0 or factor <= 0:
+        raise ValueError(f"time limits need floor_s > 0 and factor > 0 (got {floor_s}, {factor})")
+    cap = float(executor.limits.wall_s)
+    path = cache or cache_path()
+    store = _load(path)
+    tier = str(getattr(executor, "tier", ""))
+    keys = [_key(p, tier) for p in problems]
+    todo = [i for i, (p, k) in enumerate(zip(problems, keys, strict=True)) if p.reference and k not in store]
+    if todo:
+        refs = [problems[i] for i in todo]
+        # the reference as the whole program ("program" mode) or appended to the prompt ("append" mode)
+        completions = [
+            p.reference if p.completion_mode == "program" else p.reference[len(p.prompt) :] for p in refs
+        ]
+        plain = [dataclasses.replace(p, time_limit_s=None) for p in refs]
+        verdicts = executor.run(jobs_for(plain, completions))
+        for i, v in zip(todo, verdicts, strict=True):
+            if v.status.value != "infra_error":
+                store[keys[i]] = round(float(v.seconds), 6) if v.passed else None
+        _save(path, store)
+    out, limits = [], []
+    failed = missing = 0
+    for p, k in zip(problems, keys, strict=True):
+        secs = store.get(k) if p.reference else None
+        if not p.reference:
+            missing += 1
+        elif secs is None:
+            failed += 1
+        t = cap if secs is None else min(cap, max(float(floor_s), float(factor) * float(secs)))
+        limits.append(t)
+        out.append(dataclasses.replace(p, time_limit_s=t))
+    s = sorted(limits)
+    report = {
+        "problems": len(problems),
+        "measured": len(todo),
+        "cached": len(problems) - len(todo) - missing,
+        "no_reference": missing,
+        "failed_reference": failed,
+        "floor_s": floor_s,
+        "factor": factor,
+        "cap_s": cap,
+        "min_s": s[0] if s else None,
+        "median_s": s[len(s) // 2] if s else None,
+        "max_s": s[-1] if s else None,
+        "cache": str(path),
+    }
+    return out, report

@@ -1,0 +1,62 @@
+"""Per-problem wall limits from the reference solutions (grpo_jax.codegen.timelimits) and their effect."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from grpo_jax.codegen.jobs import jobs_for
+from grpo_jax.codegen.timelimits import with_reference_time_limits
+from grpo_jax.problem import Problem
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.sandbox.types import Limits, Status
+from grpo_jax.sandbox.types import TestCase as TC
+
+
+def _p(tid: str, ref: str) -> Problem:
+    return Problem(tid, "", "f", ref, tests=(TC("f(1)", 2),), completion_mode="program")
+
+
+QUICK = _p("quick", "def f(x):\n    return x + 1\n")
+SLOW = _p("slow", "import time\ndef f(x):\n    time.sleep(0.3)\n    return x + 1\n")
+BROKEN = _p("broken", "def f(x):\n    return 0\n")
+NOREF = _p("noref", "")
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with Executor(num_workers=2, limits=Limits(wall_s=3.0, cpu_s=3)) as e:
+        yield e
+
+
+def test_limits_from_reference_times_cached(ex, tmp_path):
+    cache = tmp_path / "times.json"
+    probs, rep = with_reference_time_limits(
+        ex, [QUICK, SLOW, BROKEN, NOREF], floor_s=0.4, factor=4.0, cache=cache
+    )
+    quick, slow, broken, noref = (p.time_limit_s for p in probs)
+    assert quick == 0.4  # a few ms x 4 is under the floor
+    assert 1.2 <= slow < 3.0  # 4 x (0.3 s + the program's start), under the cap
+    assert broken == 3.0 and noref == 3.0  # no passing reference: the executor's limit
+    assert rep["measured"] == 3 and rep["failed_reference"] == 1 and rep["no_reference"] == 1
+    assert rep["cap_s"] == 3.0 and rep["min_s"] == 0.4 and rep["max_s"] == 3.0
+    again, rep2 = with_reference_time_limits(ex, [QUICK, SLOW, BROKEN], floor_s=0.4, factor=4.0, cache=cache)
+    assert rep2["measured"] == 0 and rep2["cached"] == 3  # measured once, then read from the cache
+    assert [p.time_limit_s for p in again] == [quick, slow, broken]
+    with pytest.raises(ValueError, match="floor_s > 0"):
+        with_reference_time_limits(ex, [QUICK], floor_s=0.0, cache=cache)
+
+
+def test_a_per_problem_limit_bounds_a_loop(ex, tmp_path):
+    (quick,), _ = with_reference_time_limits(ex, [QUICK], floor_s=0.4, cache=tmp_path / "t.json")
+    loop = "def f(x):\n    while True:\n        pass\n"
+    t0 = time.monotonic()
+    v_tight, v_fixed = ex.run(jobs_for([quick, QUICK], [loop + "# a\n", loop + "# b\n"]))
+    assert v_tight.status is Status.TIMEOUT and v_fixed.status is Status.TIMEOUT
+    assert v_tight.seconds < 1.2 < 2.5 < v_fixed.seconds  # 0.4 s limit vs the executor's 3 s
+    assert time.monotonic() - t0 < 8
+    # never looser than the executor's own limit
+    (looser,) = ex.run(jobs_for([dataclasses.replace(QUICK, time_limit_s=99.0)], [loop]))
+    assert looser.status is Status.TIMEOUT and looser.seconds < 4.5
