@@ -789,7 +789,7 @@ class RunConfig:
             fail(self, "rollout.prompts_per_step", f"must not exceed the {n_rl} RL training problems")
         if self.replay.enabled and self.replay.capacity < ro.prompts_per_step:
             fail(self, "replay.capacity", f"must be >= prompts_per_step={ro.prompts_per_step}")
-        if (self.replay.enabled or ro.async_rewards) and obj.loss.tis_cap is None:
+        if (self.replay.enabled or ro.async_rewards) and not obj.loss.tis_enabled:
             which = "replay.fraction" if self.replay.enabled else "rollout.async_rewards"
             fail(
                 self,

@@ -44,6 +44,16 @@ _OBJECTIVE_RECIPE = (
     "loss.kl_bias_correction",
     "loss.aggregation",
     "loss.importance_level",
+    "loss.objective",
+    "loss.sapo_temp_pos",
+    "loss.sapo_temp_neg",
+    "loss.vespo_k_pos",
+    "loss.vespo_lambda_pos",
+    "loss.vespo_k_neg",
+    "loss.vespo_lambda_neg",
+    "loss.top_entropy_quantile",
+    "loss.off_policy_mask_threshold",
+    "loss.entropy_bonus",
     *(f"controller.{f.name}" for f in dataclasses.fields(ObjectiveConfig().controller)),
 )
 RECIPE_FIELDS = (
@@ -131,11 +141,58 @@ _PRESETS = (
     ),
     _preset(
         "trl_default",
-        "TRL 1.16 GRPOConfig defaults (grpo_config.py): β=0, ε=0.2, loss_type 'dapo' (token-mean), G=8, "
-        "KL bias correction on (inert while β=0).",
+        "TRL 1.16 GRPOConfig defaults (grpo_config.py): β=0, ε=0.2 both sides, loss_type 'dapo' (token-mean "
+        "over the batch's tokens), scale_rewards 'group' (std ddof 1 + 1e-4), importance_sampling_level "
+        "'token', use_bias_correction_kl=True (inert while β=0), its entropy-bonus form (inert at "
+        "entropy_coef=0), G=8.",
         objective__kl_coef=0.0,
         objective__loss__aggregation="token_mean",
         objective__loss__kl_bias_correction=True,
+        objective__loss__entropy_bonus="token_mean",
+        rollout__group_size=8,
+    ),
+    _preset(
+        "cispo",
+        "CISPO (MiniMax-M1, arXiv 2506.13585; TRL loss_type 'cispo'): −sg(min(ρ, ε_max))·A·logp with "
+        "ε_max = 5 (the ScaleRL paper's value, TRL's recommendation), token-mean; the rest TRL's defaults.",
+        objective__kl_coef=0.0,
+        objective__loss__objective="cispo",
+        objective__loss__eps_high=5.0,
+        objective__loss__aggregation="token_mean",
+        objective__loss__kl_bias_correction=True,
+        objective__loss__entropy_bonus="token_mean",
+        rollout__group_size=8,
+    ),
+    _preset(
+        "sapo",
+        "SAPO (soft adaptive policy optimisation; TRL loss_type 'sapo'): −σ(τ(ρ−1))·4/τ·A with τ = 1.0 for "
+        "A > 0 and 1.05 otherwise (TRL's defaults), seq-mean-token-mean; the rest TRL's defaults.",
+        objective__kl_coef=0.0,
+        objective__loss__objective="sapo",
+        objective__loss__kl_bias_correction=True,
+        objective__loss__entropy_bonus="token_mean",
+        rollout__group_size=8,
+    ),
+    _preset(
+        "luspo",
+        "LUSPO (TRL loss_type 'luspo'): the clipped objective at the sequence level (TRL warns unless "
+        "importance_sampling_level='sequence'), each sequence's sum averaged over sequences; ε=0.2 as TRL.",
+        objective__kl_coef=0.0,
+        objective__loss__importance_level="sequence",
+        objective__loss__aggregation="seq_sum_mean",
+        objective__loss__kl_bias_correction=True,
+        objective__loss__entropy_bonus="token_mean",
+        rollout__group_size=8,
+    ),
+    _preset(
+        "vespo",
+        "VESPO (TRL loss_type 'vespo'): −sg(φ(w))·A·logp, φ(w) = exp(λ + k log w − λw) of the summed "
+        "sequence log ratio, k/λ = 2/3 for A ≥ 0 and 3/2 otherwise (TRL's defaults), token-mean.",
+        objective__kl_coef=0.0,
+        objective__loss__objective="vespo",
+        objective__loss__aggregation="token_mean",
+        objective__loss__kl_bias_correction=True,
+        objective__loss__entropy_bonus="token_mean",
         rollout__group_size=8,
     ),
     # The seed's advantage is a z-score of (r − pool baseline); the baseline cancels under a z-score (T1b), so

@@ -2,6 +2,7 @@
 events / JSONL / checkpoints, bit-exact resume after SIGKILL, and one-line errors for bad input."""
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -240,8 +241,30 @@ def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):
         (["--controller=seed_entropy", "--controller_acts_on=kl_coef", "--kl_coef=0.01"], "kl"),
         (["--kl_schedule=0:0.04,1:0.01"], None),
         (["--preset=dapo", "--overlong_cache_len=4"], None),
+        # TRL 1.16 objectives with the new masks and IS corrections (sapo and luspo: unit tests and the
+        # quickstart runs of the closing note; two runs here keep the suite short)
+        (
+            [
+                "--preset=cispo",
+                "--top_entropy_quantile=0.5",
+                "--off_policy_mask_threshold=0.1",
+                "--entropy_coef=0.01",
+            ],
+            None,
+        ),
+        (["--preset=vespo", "--tis_cap=2", "--tis_min=0.5", "--tis_mode=mask"], None),
     ],
-    ids=["seed_entropy", "skywork", "ppo_kl", "ziegler", "seed_on_kl", "kl_schedule", "dapo"],
+    ids=[
+        "seed_entropy",
+        "skywork",
+        "ppo_kl",
+        "ziegler",
+        "seed_on_kl",
+        "kl_schedule",
+        "dapo",
+        "cispo",
+        "vespo",
+    ],
 )
 def test_controllers_schedules_and_dapo_run_from_the_cli(tmp_path, args, drives):
     """Each adaptive controller (and the β schedule, and DAPO with its overlong shaping) completes a short
@@ -260,6 +283,13 @@ def test_controllers_schedules_and_dapo_run_from_the_cli(tmp_path, args, drives)
         assert [x["coef/kl"] for x in train] == pytest.approx([0.04, 0.01])
     if "--preset=dapo" in args:
         assert "reward/overlong" in train[-1] and "dynamic/kept_groups" in train[-1]
+    if "--top_entropy_quantile=0.5" in args:
+        assert 0.3 < train[0]["entropy_mask/kept"] < 0.7
+    if "--off_policy_mask_threshold=0.1" in args:
+        assert 0.0 <= train[0]["off_policy_mask/kept"] <= 1.0
+    if "--preset=vespo" in args:
+        assert train[0]["vespo/phi_seq_mean"] > 0 and "tis/weight_mean" in train[0]
+    assert all(math.isfinite(x["loss"]) for x in train)
 
 
 def test_every_flagfile_resolves_to_a_valid_config(tmp_path):

@@ -6,7 +6,19 @@ import pytest
 from grpo_jax import presets
 from grpo_jax.config import RolloutConfig, RunConfig, from_leaves, get_path, leaves
 
-EXPECTED_NAMES = {"deepseekmath", "r1", "dapo", "dr_grpo", "gspo", "trl_default", "seed"}
+EXPECTED_NAMES = {
+    "deepseekmath",
+    "r1",
+    "dapo",
+    "dr_grpo",
+    "gspo",
+    "trl_default",
+    "seed",
+    "cispo",
+    "sapo",
+    "luspo",
+    "vespo",
+}
 BASE = RunConfig(workdir="/nonexistent", rollout=RolloutConfig(max_new_tokens=24))
 
 
@@ -67,6 +79,26 @@ def test_table_values():
 
     t = obj("trl_default").objective
     assert (t.kl_coef, t.loss.aggregation, t.loss.kl_bias_correction) == (0.0, "token_mean", True)
+    assert (t.loss.eps_low, t.loss.eps_high, t.loss.entropy_bonus, t.loss.objective) == (
+        0.2,
+        0.2,
+        "token_mean",
+        "clip",
+    )
+    assert (t.adv_method, t.adv_ddof, t.adv_eps, t.loss.importance_level) == ("grpo", 1, 1e-4, "token")
+    for name, objective, aggregation in (
+        ("cispo", "cispo", "token_mean"),
+        ("sapo", "sapo", "seq_mean_token_mean"),
+        ("luspo", "clip", "seq_sum_mean"),
+        ("vespo", "vespo", "token_mean"),
+    ):
+        n = obj(name).objective.loss
+        assert (n.objective, n.aggregation) == (objective, aggregation), name
+    assert (
+        obj("cispo").objective.loss.eps_high == 5.0
+        and obj("luspo").objective.loss.importance_level == "sequence"
+    )
+    assert (obj("sapo").objective.loss.sapo_temp_pos, obj("sapo").objective.loss.sapo_temp_neg) == (1.0, 1.05)
 
     s = obj("seed")
     o = s.objective
@@ -94,5 +126,8 @@ def test_dapo_overlong_cache_must_fit_the_max_length():
 
 
 def test_get_preset_error_lists_names():
-    with pytest.raises(ValueError, match="deepseekmath, r1, dapo, dr_grpo, gspo, trl_default, seed"):
+    with pytest.raises(
+        ValueError,
+        match="deepseekmath, r1, dapo, dr_grpo, gspo, trl_default, cispo, sapo, luspo, vespo, seed",
+    ):
         presets.get_preset("ppo")

@@ -27,13 +27,16 @@ ADV_METHODS = (*GROUP_ADV_METHODS, "scaled_baseline")
 
 
 def _prep(rewards, mask):
+    """float32 rewards and mask; a NaN reward (a reward function that returned None) is masked out: excluded
+    from its group's statistics, advantage 0 (TRL 1.16)."""
     r = jnp.asarray(rewards, jnp.float32)
     if mask is None:
         m = jnp.ones_like(r)
     else:
         m = jnp.asarray(mask).astype(jnp.float32)
         chex.assert_equal_shape([r, m])
-    return r, m
+    nan = jnp.isnan(r)
+    return jnp.where(nan, 0.0, r), jnp.where(nan, 0.0, m)
 
 
 def _group_stats(r, m, axis, ddof):
@@ -268,3 +271,78 @@ def whiten(
     if not shift_mean:
         out = out + mean
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# several reward functions (TRL reward_funcs + reward_weights + multi_objective_aggregation)
+# ------------------------------------------------------------------------------------------------------------
+MULTI_REWARD_AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+REWARD_SCALES = ("group", "batch", "none")
+
+
+def _nanmean(x, axis, keepdims=True):
+    v = ~jnp.isnan(x)
+    n = v.sum(axis, keepdims=keepdims)
+    s = jnp.where(v, x, 0.0).sum(axis, keepdims=keepdims)
+    return jnp.where(n > 0, s / jnp.maximum(n, 1), jnp.nan)
+
+
+def _nanstd(x, axis, keepdims=True):
+    """TRL's nanstd: Bessel-corrected over the non-NaN entries; NaN with fewer than two."""
+    v = ~jnp.isnan(x)
+    n = v.sum(axis, keepdims=True)
+    mean = _nanmean(x, axis, keepdims=True)
+    var = _nanmean(jnp.square(x - mean), axis, keepdims=True) * (n / jnp.maximum(n - 1, 1))
+    std = jnp.where(n > 1, jnp.sqrt(jnp.where(n > 1, var, 0.0)), jnp.nan)
+    return std if keepdims else jnp.squeeze(std, axis)
+
+
+def multi_reward_advantages(
+    rewards_per_func: jax.Array,
+    weights: jax.Array | None = None,
+    *,
+    aggregation: str = "sum_then_normalize",
+    scale: str = "group",
+    eps: float = 1e-4,
+) -> tuple[jax.Array, jax.Array]:
+    """Advantages from several reward functions (TRL 1.16 `_generate_and_score_completions`), NaN = a reward
+    function that returned None for that completion:
+
+      "sum_then_normalize":  r_i = Σ_k w_k r_{i,k} over the non-NaN k;  Â_i = (r_i − mean_G r) [/ (std + eps)]
+                             with the std per group (scale="group"), over the batch ("batch") or none
+      "normalize_then_sum":  r̃_{i,k} = (r_{i,k} − mean_G r_k) / (std_G r_k + eps);  r_i = Σ_k w_k r̃_{i,k};
+                             Â_i = (r_i − mean_batch r) / (std_batch r + eps)      (scale is not used)
+
+    Means and stds ignore NaN (std Bessel-corrected, NaN with fewer than two values). A completion for which
+    every function returned NaN is unscorable: excluded from every mean and std, advantage 0. Any other
+    undefined advantage (a group with one scorable member under a std) is 0 too, as TRL's nan_to_num.
+    rewards_per_func [..., G, F] float (NaN allowed), weights [F] (default ones).
+    Returns (advantages [..., G], rewards [..., G] — the combined reward, NaN where unscorable)."""
+    if aggregation not in MULTI_REWARD_AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; valid: {MULTI_REWARD_AGGREGATIONS}")
+    if scale not in REWARD_SCALES:
+        raise ValueError(f"unknown scale {scale!r}; valid: {REWARD_SCALES}")
+    r = jnp.asarray(rewards_per_func, jnp.float32)
+    if r.ndim < 2:
+        raise ValueError(f"rewards_per_func must be [..., G, F]; got shape {r.shape}")
+    w = jnp.ones((r.shape[-1],), jnp.float32) if weights is None else jnp.asarray(weights, jnp.float32)
+    chex.assert_shape(w, (r.shape[-1],))
+    unscorable = jnp.isnan(r).all(-1)  # [..., G]
+    all_axes = tuple(range(r.ndim - 1))
+    if aggregation == "sum_then_normalize":
+        rew = jnp.where(unscorable, jnp.nan, jnp.where(jnp.isnan(r), 0.0, r * w).sum(-1))
+        mean = _nanmean(rew, -1)
+        adv = rew - mean
+        if scale == "group":
+            std = _nanstd(rew, -1) if r.shape[-2] > 1 else jnp.zeros_like(mean)
+            adv = adv / (std + eps)
+        elif scale == "batch":
+            adv = adv / (_nanstd(rew, all_axes) + eps)
+    else:
+        g = r.shape[-2]
+        mean_k = _nanmean(r, -2)
+        std_k = _nanstd(r, -2) if g > 1 else jnp.zeros_like(mean_k)
+        rk = (r - mean_k) / (std_k + eps)
+        rew = jnp.where(unscorable, jnp.nan, jnp.where(jnp.isnan(rk), 0.0, rk * w).sum(-1))
+        adv = (rew - _nanmean(rew, all_axes)) / (_nanstd(rew, all_axes) + eps)
+    return jnp.where(jnp.isnan(adv), 0.0, adv), rew

@@ -12,6 +12,7 @@ inside, so `jax.grad(loss)(logp)` is the gradient the trainer applies (T5 gradie
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import NamedTuple
 
@@ -26,7 +27,11 @@ sg = jax.lax.stop_gradient
 
 KL_KINDS = ("k1", "k2", "k3")
 KL_ANCHORS = ("ref", "old")
-AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant", "seq_mean")
+AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "constant", "seq_mean", "seq_sum_mean")
+OBJECTIVES = ("clip", "cispo", "sapo", "vespo")
+TIS_LEVELS = ("token", "sequence")
+TIS_MODES = ("truncate", "mask")
+ENTROPY_BONUS = ("aggregate", "token_mean")
 IMPORTANCE_LEVELS = ("token", "sequence", "sequence_token")
 
 # exp() arguments are clamped to this range: exp(20) ≈ 4.9e8 is finite in float32 (max ≈ 3.4e38, and still
@@ -187,6 +192,7 @@ def aggregate(
       "token_mean" (DAPO eq. 12; TRL "dapo"/"bnpo"):           Σ_{i,t} ℓ_{i,t} / Σ_i |o_i|
       "constant" (Dr. GRPO; TRL "dr_grpo"):                    Σ_{i,t} ℓ_{i,t} / (N · max_len)
           max_len is the CONFIGURED max completion length (a Python int), never the observed/padded length.
+      "seq_sum_mean" (LUSPO; TRL "luspo"):                     (1/N) Σ_i Σ_t ℓ_{i,t}
       "seq_mean" (GSPO; one term per sequence):                (1/N) Σ_i ℓ_i
           per_token may be [...] (one value per sequence, used as is) or [..., T] holding the sequence value
           broadcast over its tokens (then ℓ_i = its masked mean over T, i.e. the value itself). For [..., T]
@@ -211,6 +217,8 @@ def aggregate(
     if mode == "token_mean":
         denom = m.sum() if token_count is None else _f32(token_count)
         return (x * m).sum() / jnp.maximum(denom, 1.0)
+    if mode == "seq_sum_mean":  # LUSPO: each sequence's sum, averaged over sequences
+        return (x * m).sum() / n_seq
     # constant
     if max_len is None or int(max_len) <= 0:
         raise ValueError(f"aggregate(mode='constant') needs max_len, a positive Python int; got {max_len!r}.")
@@ -322,8 +330,63 @@ class GRPOLossConfig:
     tis_cap: float | None = dataclasses.field(
         default=None,
         metadata={
-            "help": "Truncated importance sampling cap C > 0 for off-policy rollouts (replay, async): "
-            "each token's surrogate is weighted by sg(min(π_old/π_behaviour, C)); none = off."
+            "help": "Importance-sampling correction for off-policy rollouts (replay, async; TRL's vLLM IS "
+            "correction): the upper bound C_max of the ratio π_old/π_behaviour that weights each token's "
+            "policy term; none = off (unless --tis_min is set)."
+        },
+    )
+    tis_min: float | None = dataclasses.field(
+        default=None,
+        metadata={"help": "IS correction lower bound C_min (TRL vllm_importance_sampling_clip_min)."},
+    )
+    tis_level: str = dataclasses.field(
+        default="token",
+        metadata={
+            "help": "IS correction granularity: token (one ratio per token) or sequence (exp of the summed "
+            "log differences, one ratio per sequence)."
+        },
+    )
+    tis_mode: str = dataclasses.field(
+        default="truncate",
+        metadata={"help": "IS correction outside [C_min, C_max]: truncate (clamp) or mask (weight 0)."},
+    )
+    objective: str = dataclasses.field(
+        default="clip",
+        metadata={
+            "help": "Policy term: clip (PPO/GRPO clipped surrogate; TRL grpo/bnpo/dr_grpo/dapo/luspo), cispo "
+            "(MiniMax-M1: −sg(min(ρ, eps_high))·A·logp; eps_high is the cap itself, e.g. 5), sapo (soft gate "
+            "−σ(τ(ρ−1))·4/τ·A) or vespo (−sg(φ(w))·A·logp, φ a gamma weight of the sequence ratio)."
+        },
+    )
+    sapo_temp_pos: float = dataclasses.field(
+        default=1.0, metadata={"help": "SAPO temperature τ for A > 0 (TRL sapo_temperature_pos)."}
+    )
+    sapo_temp_neg: float = dataclasses.field(
+        default=1.05, metadata={"help": "SAPO temperature τ for A ≤ 0 (TRL sapo_temperature_neg)."}
+    )
+    vespo_k_pos: float = dataclasses.field(default=2.0, metadata={"help": "VESPO k for A ≥ 0."})
+    vespo_lambda_pos: float = dataclasses.field(default=3.0, metadata={"help": "VESPO λ for A ≥ 0."})
+    vespo_k_neg: float = dataclasses.field(default=3.0, metadata={"help": "VESPO k for A < 0."})
+    vespo_lambda_neg: float = dataclasses.field(default=2.0, metadata={"help": "VESPO λ for A < 0."})
+    top_entropy_quantile: float = dataclasses.field(
+        default=1.0,
+        metadata={
+            "help": "Keep the policy term only on the top-q quantile of tokens by entropy (Wang et al. 2025, "
+            "'Beyond the 80/20 rule'; TRL top_entropy_quantile): 1 = all tokens, 0.2 = the paper's."
+        },
+    )
+    off_policy_mask_threshold: float | None = dataclasses.field(
+        default=None,
+        metadata={
+            "help": "DeepSeek-V3.2 off-policy sequence mask δ: drop the policy term of a sequence with A < 0 "
+            "whose mean (sampler − current) log-prob difference exceeds δ; none = off."
+        },
+    )
+    entropy_bonus: str = dataclasses.field(
+        default="aggregate",
+        metadata={
+            "help": "How the entropy bonus enters: aggregate (per token, aggregated like the loss) or "
+            "token_mean (TRL: minus coef × the masked token mean of H, whatever the loss aggregation)."
         },
     )
 
@@ -350,36 +413,151 @@ class GRPOLossConfig:
             fail(self, "importance_level", f"valid: {', '.join(IMPORTANCE_LEVELS)}")
         if self.tis_cap is not None and not (_is_real(self.tis_cap) and self.tis_cap > 0):
             fail(self, "tis_cap", "must be none (off) or a number > 0")
+        if self.tis_min is not None and not (_is_real(self.tis_min) and self.tis_min >= 0):
+            fail(self, "tis_min", "must be none or a number >= 0")
+        if self.tis_cap is not None and self.tis_min is not None and self.tis_min > self.tis_cap:
+            fail(self, "tis_min", f"must be <= tis_cap ({self.tis_cap})")
+        for name, valid in (
+            ("tis_level", TIS_LEVELS),
+            ("tis_mode", TIS_MODES),
+            ("objective", OBJECTIVES),
+            ("entropy_bonus", ENTROPY_BONUS),
+        ):
+            if getattr(self, name) not in valid:
+                fail(self, name, f"valid: {', '.join(valid)}")
+        for name in ("sapo_temp_pos", "sapo_temp_neg"):
+            if not (_is_real(getattr(self, name)) and getattr(self, name) > 0):
+                fail(self, name, "must be a number > 0")
+        for name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+            if not _is_real(getattr(self, name)):
+                fail(self, name, "must be a number")
+        if not (_is_real(self.top_entropy_quantile) and 0.0 <= self.top_entropy_quantile <= 1.0):
+            fail(self, "top_entropy_quantile", "must be a number in [0, 1]")
+        if self.off_policy_mask_threshold is not None and not _is_real(self.off_policy_mask_threshold):
+            fail(self, "off_policy_mask_threshold", "must be none (off) or a number")
+        if self.objective != "clip" and self.dual_clip is not None:
+            fail(self, "dual_clip", f"applies to objective=clip only (objective={self.objective})")
+        if self.objective == "vespo" and self.tis_enabled and self.tis_level != "token":
+            fail(self, "tis_level", "objective=vespo folds a token-level IS ratio into its weight: use token")
+
+    @property
+    def tis_enabled(self) -> bool:
+        """The IS correction is on when either bound is set."""
+        return self.tis_cap is not None or self.tis_min is not None
+
+    @property
+    def uses_behaviour(self) -> bool:
+        """Does the loss need the sampler's log-probs (IS correction or the off-policy mask)?"""
+        return self.tis_enabled or self.off_policy_mask_threshold is not None
 
 
 class PerTokenTerms(NamedTuple):
     """Per-token intermediates of `grpo_per_token_loss`, each [..., T] float32."""
 
-    surrogate: jax.Array  # clipped surrogate objective (before the TIS weight)
-    weight: jax.Array  # TIS weight (1 without TIS)
-    kl: jax.Array  # KL estimate (× ρ with kl_bias_correction; 0 when the KL is skipped)
+    surrogate: jax.Array  # the objective's term to maximise before masks and IS weight (clip: J)
+    weight: jax.Array  # IS-correction weight × off-policy mask × entropy mask (1 without them)
+    kl: jax.Array  # KL estimate (× the importance ratio with kl_bias_correction; 0 when the KL is skipped)
     entropy: jax.Array  # per-token entropy (0 when not given)
     ratio: jax.Array  # the importance ratio used (token ρ, GSPO s_i broadcast, or GSPO-token s_{i,t})
     is_low_clipped: jax.Array
     is_high_clipped: jax.Array
     adv: jax.Array  # advantage broadcast to tokens
+    entropy_mask: jax.Array  # 1 where the policy term is kept by top_entropy_quantile (the valid mask if off)
+    phi: jax.Array  # VESPO's sequence weight φ broadcast to tokens (1 for other objectives)
+    is_weight: jax.Array  # the IS-correction weight alone (1 when off or for vespo, where φ holds it)
+    off_policy: jax.Array  # the off-policy mask alone (1 when off)
 
 
 class LossAux(NamedTuple):
     """Scalar diagnostics of `grpo_loss` (masked token means unless stated)."""
 
     loss: jax.Array
-    pg_loss: jax.Array  # the policy term alone, −weight·surrogate, aggregated like the loss
+    pg_loss: jax.Array  # the policy term alone, aggregated like the loss
     kl: jax.Array  # masked token mean of the KL estimate (0 when the KL is skipped)
     entropy: jax.Array  # masked token mean of the given entropy (0 when none given)
-    clip_low_frac: jax.Array
-    clip_high_frac: jax.Array
+    clip_low_frac: jax.Array  # token mean; with importance_level=sequence a plain mean over sequences (TRL)
+    clip_high_frac: jax.Array  # likewise (cispo: the share of ratios above the cap with A > 0)
     clip_region_frac: jax.Array  # low + high
     ratio_mean: jax.Array
     ratio_max: jax.Array  # over valid tokens (0 if there are none)
     ratio_min: jax.Array
     adv_mean: jax.Array  # over valid tokens (advantage broadcast to tokens)
     adv_abs_mean: jax.Array
+    clip_low_min: (
+        jax.Array
+    )  # min over sequences of each sequence's low-clipped share (TRL clip_ratio/low_min)
+    clip_high_max: jax.Array  # max over sequences of each sequence's high-clipped share (TRL high_max)
+    is_weight_mean: jax.Array  # mean IS-correction weight over valid tokens (1 when off)
+    off_policy_kept: jax.Array  # share of sequences the off-policy mask keeps (1 when off)
+    entropy_kept: jax.Array  # share of valid tokens the entropy mask keeps (1 when off)
+    phi_mean: jax.Array  # VESPO: token mean of φ (TRL vespo/phi_seq_mean; 1 for other objectives)
+
+
+def masked_quantile(x: jax.Array, mask: jax.Array, q: float) -> jax.Array:
+    """The q-quantile of x over mask > 0, linear interpolation between order statistics (torch.quantile's
+    default): position q·(n − 1) of the sorted valid values. Any shapes (flattened); NaN when n = 0."""
+    xm = jnp.where(jnp.asarray(mask) > 0, _f32(x), jnp.inf).ravel()
+    n = jnp.sum(jnp.asarray(mask) > 0)
+    xs = jnp.sort(xm)
+    pos = jnp.float32(q) * jnp.maximum(n - 1, 0).astype(jnp.float32)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    frac = pos - lo.astype(jnp.float32)
+    a, b = xs[lo], xs[hi]
+    val = a + frac * jnp.where(frac > 0, b - a, 0.0)
+    return jnp.where(n > 0, val, jnp.nan)
+
+
+def vespo_weights(
+    adv: jax.Array,
+    log_ratio: jax.Array,
+    mask: jax.Array,
+    is_ratio: jax.Array | None = None,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> jax.Array:
+    """VESPO's sequence weight (TRL grpo_trainer.py::get_gamma_weights), stop-gradient:
+
+        log w = clip( Σ_t clip(log ρ_t, −20, 20)·m_t  [+ Σ_t clip(log IS_t, log 1e-8, 20)],  log 1e-8, 20 )
+        φ(w)  = exp( λ + k·log w − λ·w )        (k, λ = k_pos, λ_pos where A ≥ 0, else k_neg, λ_neg; λ ≥ 1e-4)
+
+    φ(1) = 1; non-finite φ becomes 0. adv [..., 1] (or [..., T]), log_ratio / mask / is_ratio [..., T]
+    (is_ratio: the token-level IS-correction ratio, summed in log space over every position as TRL does).
+    Returns φ with adv's shape (per sequence for a per-sequence advantage)."""
+    lower = math.log(1e-8)
+    m = _f32(mask)
+    lr = jnp.clip(sg(_f32(log_ratio)), -20.0, 20.0)
+    seq = jnp.sum(lr * m, axis=-1, keepdims=True)
+    if is_ratio is not None:
+        seq = seq + jnp.sum(jnp.clip(jnp.log(sg(_f32(is_ratio))), lower, 20.0), axis=-1, keepdims=True)
+    log_w = jnp.clip(seq, lower, 20.0)
+    w = jnp.exp(log_w)
+    a = sg(_f32(adv))
+    pos = a >= 0
+    k = jnp.where(pos, k_pos, k_neg)
+    lam = jnp.maximum(jnp.where(pos, lambda_pos, lambda_neg), 1e-4)
+    phi = jnp.exp(lam + k * log_w - lam * w)
+    return sg(jnp.where(jnp.isfinite(phi), phi, 0.0))
+
+
+def _is_weight(lp_old, lp_b, m, cfg: GRPOLossConfig):
+    """TRL's vLLM importance-sampling correction: exp((π_old − π_behaviour) log-prob differences), per token
+    or summed per sequence, truncated to [C_min, C_max] or masked to 0 outside it. Stop-gradient."""
+    d = jnp.where(m > 0, lp_old - lp_b, 0.0)
+    d = jnp.where(jnp.isnan(d), 0.0, d)  # tokens the sampler could not score: no correction
+    if cfg.tis_level == "sequence":
+        d = jnp.sum(d, axis=-1, keepdims=True)
+    w = jnp.exp(jnp.clip(d, -LOG_CLAMP, LOG_CLAMP))
+    lo = -jnp.inf if cfg.tis_min is None else cfg.tis_min
+    hi = jnp.inf if cfg.tis_cap is None else cfg.tis_cap
+    if cfg.tis_mode == "truncate":
+        w = jnp.clip(w, lo, hi)
+    else:
+        w = jnp.where((w < lo) | (w > hi), 0.0, w)
+    return sg(w)
 
 
 def grpo_per_token_loss(
@@ -395,13 +573,16 @@ def grpo_per_token_loss(
     entropy: jax.Array | None = None,
     logp_behaviour: jax.Array | None = None,
 ) -> tuple[jax.Array, PerTokenTerms]:
-    """Per-token GRPO loss ℓ_{i,t} before aggregation (arguments as `grpo_loss`):
+    """Per-token GRPO loss ℓ_{i,t} before aggregation (arguments as `grpo_loss`), in TRL 1.16's order
+    (grpo_trainer.py::_compute_loss):
 
-        ℓ = −( w·J − kl_coef·KL + entropy_coef·H )
+        ℓ = P·M_off·M_H·W + kl_coef·KL  [− entropy_coef·H with entropy_bonus="aggregate"]
 
-    J the clipped surrogate at cfg.importance_level, w the TIS weight (1 without tis_cap), KL the
-    cfg.kl_estimator estimate to the anchor (× ρ with kl_bias_correction). The KL term is NOT multiplied by w
-    (TRL order, §1.9).
+    P the objective's policy term at cfg.importance_level (clip: −min(ρA, clip(ρ)A); cispo, sapo, vespo: see
+    GRPOLossConfig.objective), M_off the off-policy sequence mask, M_H the top-entropy mask, W the IS
+    correction (folded into φ for vespo instead), KL the cfg.kl_estimator estimate (× the importance ratio
+    with kl_bias_correction: the sequence ratio s_i at importance_level="sequence", as TRL). The KL is not
+    masked or weighted.
     Returns (per_token_loss [..., T], PerTokenTerms). Padding is made harmless: every per-token input is
     replaced by 0 where mask == 0 before use, so garbage there (−inf, NaN) reaches neither the loss nor the
     gradient; the aggregation then masks those positions out.
@@ -425,56 +606,102 @@ def grpo_per_token_loss(
     else:
         a = jnp.where(valid, a, 0.0)  # [..., T] per-token advantages (e.g. process supervision)
     a_tok = jnp.broadcast_to(a, lp.shape)
+    ones = jnp.ones_like(lp)
 
-    clip_kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, delta=cfg.delta)
+    # the importance ratio at cfg.importance_level (differentiable; its log clamped to ±LOG_CLAMP)
     if cfg.importance_level == "token":
-        surrogate, saux = _surrogate_from_log_ratio(lp - lp_old, a, **clip_kw)
+        log_w = lp - lp_old
+        a_w = a
     elif cfg.importance_level == "sequence":
+        log_w = _gspo_log_ratio(lp, lp_old, m)[..., None]  # [..., 1]
         # GSPO: one ratio and one clip decision per sequence; the sequence advantage is the mean of a over
         # valid tokens (equals Â_i when adv is per sequence).
-        a_seq = masked_mean(a_tok, m, axis=-1)  # [...]
-        seq_obj, seq_aux = _surrogate_from_log_ratio(_gspo_log_ratio(lp, lp_old, m), a_seq, **clip_kw)
-        surrogate = jnp.broadcast_to(seq_obj[..., None], lp.shape)
-        saux = SurrogateAux(*(jnp.broadcast_to(v[..., None], lp.shape) for v in seq_aux))
+        a_w = masked_mean(a_tok, m, axis=-1)[..., None] if a.shape == lp.shape else a
     else:  # sequence_token
-        log_s = sg(_gspo_log_ratio(lp, lp_old, m))[..., None]
-        surrogate, saux = _surrogate_from_log_ratio(log_s + lp - sg(lp), a, **clip_kw)
+        log_w = sg(_gspo_log_ratio(lp, lp_old, m))[..., None] + lp - sg(lp)
+        a_w = a
+    ratio = jnp.exp(jnp.clip(log_w, -LOG_CLAMP, LOG_CLAMP))
+
+    behaviour = None if logp_behaviour is None else sg(clean(logp_behaviour))
+    is_w = None
+    if cfg.tis_enabled:
+        if behaviour is None:
+            raise ValueError(
+                "grpo_loss: the IS correction (tis_cap / tis_min) is on, so logp_behaviour (the sampler's "
+                "log-probs) is needed."
+            )
+        is_w = _is_weight(lp_old, behaviour, m, cfg)
+
+    phi = ones
+    zero = jnp.zeros_like(lp)
+    low, high = zero, zero
+    if cfg.objective == "clip":
+        clip_kw = dict(eps_low=cfg.eps_low, eps_high=cfg.eps_high, dual_clip=cfg.dual_clip, delta=cfg.delta)
+        surrogate, saux = _surrogate_from_log_ratio(log_w, a_w, **clip_kw)
+        low, high = saux.is_low_clipped, saux.is_high_clipped
+    elif cfg.objective == "cispo":
+        surrogate = sg(jnp.minimum(ratio, cfg.eps_high)) * a_w * lp
+        high = ((ratio > cfg.eps_high) & (a_w > 0)).astype(jnp.float32)
+    elif cfg.objective == "sapo":
+        tau = jnp.where(a_w > 0, cfg.sapo_temp_pos, cfg.sapo_temp_neg)
+        surrogate = jax.nn.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * a_w
+    else:  # vespo: φ from the token log ratios (and the token IS ratio), whatever importance_level says
+        phi = vespo_weights(
+            a,
+            lp - lp_old,
+            m,
+            is_w,
+            k_pos=cfg.vespo_k_pos,
+            lambda_pos=cfg.vespo_lambda_pos,
+            k_neg=cfg.vespo_k_neg,
+            lambda_neg=cfg.vespo_lambda_neg,
+        )
+        surrogate = phi * a * lp
     surrogate = jnp.broadcast_to(surrogate, lp.shape)
 
-    if cfg.tis_cap is not None:
-        if logp_behaviour is None:
-            raise ValueError(
-                "grpo_loss: cfg.tis_cap is set, so logp_behaviour (the sampler's log-probs) is needed."
-            )
-        lp_b = sg(clean(logp_behaviour))
-        weight = sg(jnp.minimum(jnp.exp(jnp.clip(lp_old - lp_b, -LOG_CLAMP, LOG_CLAMP)), cfg.tis_cap))
-    else:
-        weight = jnp.ones_like(lp)
+    off = ones
+    if cfg.off_policy_mask_threshold is not None:
+        samp = lp_old if behaviour is None else behaviour
+        d = jnp.where(valid, samp - sg(lp), 0.0)
+        d = jnp.where(jnp.isnan(d), 0.0, d)
+        avg = jnp.sum(d * m, -1, keepdims=True) / jnp.maximum(jnp.sum(m, -1, keepdims=True), 1.0)
+        off = jnp.broadcast_to(
+            ((a >= 0) | (avg <= cfg.off_policy_mask_threshold)).astype(jnp.float32), lp.shape
+        )
+    ent = zero if entropy is None else clean(entropy)
+    ent_mask = m
+    if cfg.top_entropy_quantile < 1.0:
+        if entropy is None:
+            raise ValueError("grpo_loss: top_entropy_quantile < 1 needs the per-token entropy")
+        thr = masked_quantile(sg(ent), m, 1.0 - cfg.top_entropy_quantile)
+        ent_mask = ((sg(ent) * m >= thr) & valid).astype(jnp.float32)
+    isw = ones if is_w is None or cfg.objective == "vespo" else jnp.broadcast_to(is_w, lp.shape)
+    weight = off * (ent_mask if cfg.top_entropy_quantile < 1.0 else ones) * isw
 
     anchor = logp_ref if cfg.kl_anchor == "ref" else lp_old
     if anchor is None:
-        kl = jnp.zeros_like(lp)
+        kl = zero
     else:
         anchor = clean(anchor)
         kl = kl_penalty(lp, anchor, kind=cfg.kl_estimator)
         if cfg.kl_bias_correction:
-            kl = kl * jnp.exp(jnp.clip(lp - lp_old, -LOG_CLAMP, LOG_CLAMP))
+            kl = kl * ratio  # the importance ratio of cfg.importance_level (s_i broadcast for "sequence")
 
-    if entropy is None:
-        ent = jnp.zeros_like(lp)
-    else:
-        ent = clean(entropy)
-
-    per_token = -(weight * surrogate - _f32(kl_coef) * kl + _f32(entropy_coef) * ent)
+    bonus = _f32(entropy_coef) * ent if cfg.entropy_bonus == "aggregate" else zero
+    per_token = -(weight * surrogate) + _f32(kl_coef) * kl - bonus
     terms = PerTokenTerms(
         surrogate=surrogate,
         weight=weight,
         kl=kl,
         entropy=ent,
-        ratio=jnp.broadcast_to(saux.ratio, lp.shape),
-        is_low_clipped=jnp.broadcast_to(saux.is_low_clipped, lp.shape),
-        is_high_clipped=jnp.broadcast_to(saux.is_high_clipped, lp.shape),
+        ratio=jnp.broadcast_to(ratio, lp.shape),
+        is_low_clipped=jnp.broadcast_to(low, lp.shape),
+        is_high_clipped=jnp.broadcast_to(high, lp.shape),
         adv=a_tok,
+        entropy_mask=ent_mask,
+        phi=jnp.broadcast_to(phi, lp.shape),
+        is_weight=isw,
+        off_policy=off,
     )
     return per_token, terms
 
@@ -491,18 +718,22 @@ def grpo_loss(
     entropy_coef: jax.Array | float,
     entropy: jax.Array | None = None,
     logp_behaviour: jax.Array | None = None,
+    num_items: jax.Array | float | None = None,
 ) -> tuple[jax.Array, LossAux]:
-    """GRPO loss (DeepSeekMath eq. 3–4, arXiv 2402.03300; variants DAPO / Dr. GRPO / GSPO; TRL
-    grpo_trainer.py::_compute_loss; GRPO_MATH.md §1, T5):
+    """GRPO loss (DeepSeekMath eq. 3–4, arXiv 2402.03300; variants DAPO / Dr. GRPO / GSPO / LUSPO / CISPO /
+    SAPO / VESPO; TRL 1.16 grpo_trainer.py::_compute_loss; GRPO_MATH.md §1, T5):
 
-        ℓ_{i,t} = −( w_{i,t}·min(ρA, clip(ρ, 1−ε_l, 1+ε_h)A) − kl_coef·KL_{i,t} + entropy_coef·H_{i,t} )
-        loss    = aggregate(ℓ, mask, mode=cfg.aggregation, max_len=cfg.max_len)
+        ℓ_{i,t} = see grpo_per_token_loss (clip: −w·min(ρA, clip(ρ, 1−ε_l, 1+ε_h)A) + kl_coef·KL − ...)
+        loss    = aggregate(ℓ, mask, mode=cfg.aggregation, max_len=cfg.max_len, token_count=num_items)
+                  [− entropy_coef · Σ H·m_H / max(Σ m_H, 1)  with entropy_bonus="token_mean"]
 
     logp [..., T] (current policy, differentiated), logp_old [..., T] (sampling policy π_old), logp_ref
     [..., T] or None (frozen π_ref; None skips the KL when cfg.kl_anchor == "ref"), adv [...] (per sequence,
-    broadcast over T) or [..., T] (per token), mask [..., T]; entropy [..., T] or None; logp_behaviour
-    [..., T] (needed iff cfg.tis_cap is set). kl_coef / entropy_coef are traced scalars (controllers change
-    them without recompiling). Returns (loss, LossAux).
+    broadcast over T) or [..., T] (per token), mask [..., T]; entropy [..., T] or None (needed for
+    top_entropy_quantile < 1); logp_behaviour [..., T] (the sampler's; needed iff the IS correction is on;
+    used by the off-policy mask when given, else logp_old); num_items: the token count that "token_mean"
+    divides by (TRL's num_items_in_batch for dapo / cispo / vespo; default the mask's). kl_coef /
+    entropy_coef are traced scalars (controllers change them without recompiling). Returns (loss, LossAux).
     """
     per_token, t = grpo_per_token_loss(
         logp,
@@ -517,13 +748,24 @@ def grpo_loss(
         logp_behaviour=logp_behaviour,
     )
     m = jnp.asarray(mask, jnp.float32)
-    agg = dict(mode=cfg.aggregation, max_len=cfg.max_len)
+    agg = dict(mode=cfg.aggregation, max_len=cfg.max_len, token_count=num_items)
     loss = aggregate(per_token, m, **agg)
+    if cfg.entropy_bonus == "token_mean":
+        eff = m * t.entropy_mask
+        loss = loss - _f32(entropy_coef) * jnp.sum(t.entropy * eff) / jnp.maximum(jnp.sum(eff), 1.0)
     pg_loss = aggregate(-(t.weight * t.surrogate), m, **agg)
     has = m.sum() > 0
     valid = m > 0
-    low = masked_mean(t.is_low_clipped, m)
-    high = masked_mean(t.is_high_clipped, m)
+    seq_has = m.sum(-1) > 0  # [...]
+    if cfg.importance_level == "sequence":  # one value per sequence: plain means over sequences (TRL)
+        low_seq, high_seq = t.is_low_clipped[..., 0], t.is_high_clipped[..., 0]
+        low, high = jnp.mean(low_seq), jnp.mean(high_seq)
+    else:
+        low, high = masked_mean(t.is_low_clipped, m), masked_mean(t.is_high_clipped, m)
+        low_seq = masked_mean(t.is_low_clipped, m, axis=-1)
+        high_seq = masked_mean(t.is_high_clipped, m, axis=-1)
+    any_seq = jnp.any(seq_has)
+    n_seq = max(int(m[..., 0].size), 1)
     aux = LossAux(
         loss=loss,
         pg_loss=pg_loss,
@@ -537,6 +779,12 @@ def grpo_loss(
         ratio_min=jnp.where(has, jnp.where(valid, t.ratio, jnp.inf).min(), 0.0),
         adv_mean=masked_mean(t.adv, m),
         adv_abs_mean=masked_mean(jnp.abs(t.adv), m),
+        clip_low_min=jnp.where(any_seq, jnp.where(seq_has, low_seq, jnp.inf).min(), 0.0),
+        clip_high_max=jnp.where(any_seq, jnp.where(seq_has, high_seq, -jnp.inf).max(), 0.0),
+        is_weight_mean=masked_mean(t.is_weight, m),
+        off_policy_kept=jnp.sum(t.off_policy[..., 0]) / n_seq,
+        entropy_kept=masked_mean(t.entropy_mask, m),
+        phi_mean=masked_mean(t.phi, m),
     )
     return loss, jax.tree_util.tree_map(sg, aux)
 

@@ -129,7 +129,7 @@ def make_train_step(
         if obj.uses_reference:
             logp_ref = sg(token_stats(state.ref_params, frozen, batch)[0])
         n_samples = jnp.sum(batch.group_mask)
-        logp_behaviour = batch.logp_sampler if obj.loss.tis_cap is not None else None
+        logp_behaviour = batch.logp_sampler if obj.loss.uses_behaviour else None
 
         def loss_fn(params, logp_old, first):
             logp, ent = token_stats(params, frozen, batch)
@@ -194,10 +194,17 @@ def make_train_step(
             metrics["reward/overlong"] = masked_mean(rewards - batch.rewards, batch.group_mask)
         if obj.baseline != "group":
             metrics.update(_baseline_metrics(batch))
-        if obj.loss.tis_cap is not None:  # off-policy diagnostics: the truncated IS weights of this batch
-            w_raw = jnp.exp(jnp.where(mask > 0, logp_first - batch.logp_sampler, 0.0))
-            metrics["tis/weight_mean"] = masked_mean(jnp.minimum(w_raw, obj.loss.tis_cap), mask)
-            metrics["tis/capped_frac"] = masked_mean((w_raw > obj.loss.tis_cap).astype(jnp.float32), mask)
+        if obj.loss.tis_enabled:  # off-policy diagnostics: the IS-correction weights of this batch
+            metrics["tis/weight_mean"] = aux.is_weight_mean
+            if obj.loss.tis_cap is not None:
+                w_raw = jnp.exp(jnp.where(mask > 0, logp_first - batch.logp_sampler, 0.0))
+                metrics["tis/capped_frac"] = masked_mean((w_raw > obj.loss.tis_cap).astype(jnp.float32), mask)
+        if obj.loss.off_policy_mask_threshold is not None:
+            metrics["off_policy_mask/kept"] = aux.off_policy_kept
+        if obj.loss.top_entropy_quantile < 1.0:
+            metrics["entropy_mask/kept"] = aux.entropy_kept
+        if obj.loss.objective == "vespo":
+            metrics["vespo/phi_seq_mean"] = aux.phi_mean
         new_state = state.replace(
             step=state.step + 1,
             params=params,
@@ -323,6 +330,8 @@ def _metrics(batch, rewards, obj, mask, adv, aux, logp, grad_norm, opt_state) ->
         "clip_ratio/low": aux.clip_low_frac,
         "clip_ratio/high": aux.clip_high_frac,
         "clip_ratio/region": aux.clip_region_frac,
+        "clip_ratio/low_min": aux.clip_low_min,
+        "clip_ratio/high_max": aux.clip_high_max,
         "ratio/mean": aux.ratio_mean,
         "ratio/max": aux.ratio_max,
         "ratio/min": aux.ratio_min,
