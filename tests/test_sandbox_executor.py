@@ -369,3 +369,16 @@ def test_cgroup_limits_where_available():
         assert e.stats()["cgroup_oom_kills"] == 1
         assert e.run([Job(ADD, T_ADD)])[0].passed  # the slot survives its group's OOM kills
     assert "left_behind" not in e.tier_report()["cgroup"]  # the groups are removed on close
+
+
+def test_stale_cgroups_of_dead_executors_are_swept(tmp_path):
+    """An executor killed with SIGKILL cannot remove its groups; the next one removes those of dead pids."""
+    from grpo_jax.sandbox import cgroups
+
+    dead = tmp_path / "grpo_jax_sandbox_999999999_0"
+    mine = tmp_path / f"grpo_jax_sandbox_{os.getpid()}_0"
+    other = tmp_path / "unrelated"
+    for d in (dead / "slot0", dead / "slot1", mine / "slot0", other / "slot0"):
+        d.mkdir(parents=True)
+    assert cgroups._sweep_stale(tmp_path) == 1
+    assert not dead.exists() and mine.exists() and other.exists()

@@ -56,6 +56,32 @@ def _own_paths() -> dict[str, str]:
     return out
 
 
+def _sweep_stale(base: Path) -> int:
+    """Remove the groups an executor left under `base` when its process was killed (SIGKILL cannot clean
+    up): `grpo_jax_sandbox_<pid>_<n>` whose pid is gone. Only empty groups can be removed.
+    Returns how many were removed."""
+    removed = 0
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return 0
+    for d in entries:
+        parts = d.name.split("_")
+        if not d.name.startswith("grpo_jax_sandbox_") or len(parts) != 5 or not parts[3].isdigit():
+            continue
+        if int(parts[3]) == os.getpid() or Path(f"/proc/{parts[3]}").exists():
+            continue
+        try:
+            for child in d.iterdir():
+                if child.is_dir():
+                    os.rmdir(child)
+            os.rmdir(d)
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -107,6 +133,7 @@ class SlotCgroups:
         lacking = {"memory", "pids"} - have
         if lacking:
             return f"the memory and pids controllers are not available in {base} (missing {sorted(lacking)})"
+        _sweep_stale(base)
         root = base / _group_name()
         self.report["group"] = root.name
         try:
@@ -138,6 +165,8 @@ class SlotCgroups:
         lacking = {"memory", "pids"} - set(bases)
         if lacking:
             return f"no v1 hierarchy for {sorted(lacking)}"
+        for b in bases.values():
+            _sweep_stale(b)
         try:
             name = _group_name()
             self.report["group"] = name
