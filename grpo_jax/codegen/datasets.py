@@ -148,7 +148,8 @@ def mbpp_problem(row: dict) -> Problem:
     prelude = "\n".join(
         line for line in (setup.splitlines() + test_list) if line.lstrip().startswith(("import ", "from "))
     )
-    own = defined_names(code) | defined_names(setup) | ({_entry_point(code, test_list)} - {""})
+    entry = _entry_point(code, test_list)
+    own = defined_names(code) | defined_names(setup) | ({entry} - {""})
     cases = [split_assert(t, prelude, own) for t in test_list]
     tests = tuple(c for c in cases if c is not None)
     rest = [t for t, c in zip(test_list, cases, strict=True) if c is None]
@@ -162,7 +163,7 @@ def mbpp_problem(row: dict) -> Problem:
     return Problem(
         task_id=mbpp_task_id(tid),
         prompt=prompt,
-        entry_point=_entry_point(code, test_list),
+        entry_point=entry,
         reference=code,
         tests=tests,
         child_check=child_check,

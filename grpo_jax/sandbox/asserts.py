@@ -29,26 +29,9 @@ import dataclasses
 import warnings
 from collections.abc import Iterable
 
+from grpo_jax.sandbox.grading import WRAPPERS
 from grpo_jax.sandbox.types import TestCase
 
-# functions the parent applies to the child's plain value (innermost first); extra arguments must be literal
-WRAPPERS = {
-    "set": 0,
-    "frozenset": 0,
-    "sorted": 0,
-    "list": 0,
-    "tuple": 0,
-    "len": 0,
-    "abs": 0,
-    "round": 1,
-    "sum": 0,
-    "min": 0,
-    "max": 0,
-    "str": 0,
-    "int": 0,
-    "float": 0,
-    "bool": 0,
-}
 BUILTIN_NAMES = frozenset(dir(builtins))
 _CMP = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge"}
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
@@ -163,7 +146,7 @@ def _peel(node: ast.AST, ctx: _Ctx) -> tuple[ast.AST, tuple[tuple[str, tuple], .
     ):
         name = node.func.id
         extra = node.args[1:]
-        if len(extra) > WRAPPERS[name]:
+        if len(extra) > WRAPPERS[name][1]:
             break
         kw = {k.arg: k.value for k in node.keywords}
         if None in kw or (kw and (name != "sorted" or set(kw) != {"reverse"})):
@@ -420,15 +403,15 @@ def split_check(test_code: str, entry_point: str, check_name: str = "check") -> 
     fn = fns[0]
     param = fn.args.args[0].arg
     prelude, names = import_prelude(test_code)
-    module_names = set()
+    bound_names = set()
     for node in tree.body:
         for t in ast.walk(node) if not isinstance(node, (ast.Import, ast.ImportFrom)) else ():
             if isinstance(t, ast.Name) and isinstance(t.ctx, ast.Store):
-                module_names.add(t.id)
+                bound_names.add(t.id)
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-            module_names.add(node.name)
+            bound_names.add(node.name)
     # names bound anywhere in check's body (locals) are not candidate-free either: they are not in `allowed`
-    ctx = _ctx(prelude, set(names) - module_names, rename={param: entry_point})
+    ctx = _ctx(prelude, set(names) - bound_names, rename={param: entry_point})
     tests: list[TestCase] = []
     rest: list[ast.stmt] = []
     for stmt in fn.body:
@@ -436,14 +419,14 @@ def split_check(test_code: str, entry_point: str, check_name: str = "check") -> 
             ok, value = _literal(stmt.test)
             if ok and value is True:
                 continue  # `assert True, "..."`
-            if not free_names(stmt.test) & (module_names - {param}):
+            if not free_names(stmt.test) & (bound_names - {param}):
                 tc = _split_test(stmt.test, ast.unparse(stmt), ctx)
                 if tc is not None:
                     tests.append(tc)
                     continue
         if isinstance(stmt, ast.Expr) and (
             isinstance(stmt.value, ast.Constant)
-            or (isinstance(stmt.value, ast.Name) and stmt.value.id in BUILTIN_NAMES - module_names)
+            or (isinstance(stmt.value, ast.Name) and stmt.value.id in BUILTIN_NAMES - bound_names)
         ):
             continue  # a docstring, a bare string, a bare builtin name (HumanEval/129's `print`)
         rest.append(stmt)
