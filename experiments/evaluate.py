@@ -232,8 +232,9 @@ def main(argv):
             )
         if FLAGS.out and not os.path.isdir(os.path.dirname(os.path.abspath(FLAGS.out))):
             raise UsageError(f"--out={FLAGS.out}: its directory does not exist")
-        if FLAGS.time_limit_floor <= 0 or FLAGS.time_limit_factor <= 0:
-            raise UsageError("--time_limit_floor and --time_limit_factor must be > 0")
+        for name in ("time_limit_floor", "time_limit_factor"):
+            if getattr(FLAGS, name) <= 0:
+                raise UsageError(f"--{name}={getattr(FLAGS, name)}: must be > 0")
         summary = evaluate(
             FLAGS.problems,
             FLAGS.samples,
