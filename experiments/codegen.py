@@ -4,6 +4,8 @@
     python -m experiments.codegen --flagfile=experiments/flagfiles/quickstart.flags --preset=dr_grpo \
         --workdir=runs/dr_grpo
     python -m experiments.codegen --helpfull             # every flag with its meaning and default
+    python launch/local.py --num_processes=2 --devices_per_process=2 -- \
+        --flagfile=experiments/flagfiles/quickstart.flags --workdir=runs/dist   # 2 processes on this machine
 
 Every flag is a field of grpo_jax.config.RunConfig (grpo_jax.cli derives the flags from the tree). Precedence:
 the last setting of a field on the command line wins, flagfiles expanded where they appear, and `--preset`
@@ -42,17 +44,28 @@ def main(argv):
         print(json.dumps(cfg.to_json(), indent=1))
         return
 
+    from grpo_jax.train import distributed
+
+    try:  # join the other processes first: nothing may touch a JAX device before this
+        distributed.initialize(cfg.dist)
+    except distributed.PeerLost as e:
+        cli.fail(str(e))
+
     from grpo_jax.sandbox.executor import Executor
     from grpo_jax.sandbox.types import Limits
     from grpo_jax.train.loop import RunConfigError, run
 
+    main_process = distributed.context(cfg.dist).is_main
     limits = Limits(wall_s=cfg.sandbox.wall_s, cpu_s=cfg.sandbox.cpu_s)
-    with Executor(num_workers=cfg.sandbox.workers, limits=limits) as executor:
-        print(f"sandbox: isolation tier {executor.tier_line()}", flush=True)
+    with Executor(num_workers=cfg.sandbox.workers, limits=limits) as executor:  # this process's own sandbox
+        if main_process:
+            print(f"sandbox: isolation tier {executor.tier_line()}", flush=True)
         try:
             run(cfg, executor, notes=notes)
         except RunConfigError as e:  # e.g. the workdir holds a different run
             cli.fail(str(e))
+        except distributed.PeerLost as e:  # another process hung or died: end now, do not wait for it
+            distributed.fail_lost(e)
 
 
 if __name__ == "__main__":

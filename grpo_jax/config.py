@@ -17,7 +17,8 @@
       sandbox     SandboxConfig      the code executor's workers and limits
       checkpoint  CheckpointConfig   orbax checkpoints
       log         LogConfig          console / TensorBoard / JSONL cadence
-      mesh        MeshConfig         room for a device mesh (not wired into the main job yet)
+      mesh        MeshConfig         the device mesh: data x fsdp x tensor
+      dist        DistConfig         multi-process / multi-host (jax.distributed)
 
 Every field is checked once, in the `__post_init__` of the class that owns it (cross-section rules in
 `RunConfig.__post_init__`), and a bad value raises grpo_jax.errors.ConfigError naming the field, the value and
@@ -45,6 +46,7 @@ from grpo_jax.core.losses import GRPOLossConfig
 from grpo_jax.errors import fail
 from grpo_jax.models.pretrained import resolve as resolve_checkpoint
 from grpo_jax.policies.lora import TARGETS as LORA_TARGETS
+from grpo_jax.policies.transformer import REMAT_POLICIES
 
 BASELINES = ("group", "pool", "mix")
 REF_UPDATES = ("frozen", "hard", "ema")
@@ -118,7 +120,13 @@ class ModelConfig:
         "Tokenizer (a directory with tokenizer.json, or a .gguf file); empty = the "
         "checkpoint's own (init_from), or the procedural 512-id tokenizer without one.",
     )
-    remat: bool = opt(False, "Rematerialise each layer in the backward pass (memory for compute).")
+    remat: str = opt(
+        "none",
+        "Per-layer rematerialisation in the backward pass (memory for compute): none | full (recompute "
+        "each layer from its input) | dots (keep matmul outputs) | dots_no_batch (keep the projections' "
+        "outputs, recompute attention scores).",
+        choices=REMAT_POLICIES,
+    )
     logp_chunk: int = opt(
         0,
         "Compute token log-probs and entropies from the LM head in chunks of this many "
@@ -154,6 +162,7 @@ class ModelConfig:
         if (self.d_model // self.n_heads) % 2:
             fail(self, "n_heads", f"d_model / n_heads = {self.d_model // self.n_heads} must be even (RoPE)")
         _choice(self, "compute_dtype", DTYPES)
+        _choice(self, "remat", REMAT_POLICIES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -341,7 +350,14 @@ class ObjectiveConfig:
         "DAPO soft overlong punishment: completions longer than max_new_tokens - "
         "this many tokens get a linear penalty down to -1 (0 = off).",
     )
-    num_iterations: int = opt(1, "Optimiser steps per rollout batch (μ); μ > 1 moves π_θ off π_old.")
+    num_iterations: int = opt(
+        1, "Epochs over each rollout batch (μ); μ > 1 moves π_θ off π_old (PPO-style reuse)."
+    )
+    mini_batches: int = opt(
+        1,
+        "Optimiser updates per epoch over a rollout batch: its prompts are shuffled and split into this "
+        "many mini-batches (TRL steps_per_generation); updates = mini_batches x num_iterations.",
+    )
     success_threshold: float = opt(
         1.0, "A sample counts as a success (Performance/SuccessRate) at reward >= this."
     )
@@ -381,6 +397,7 @@ class ObjectiveConfig:
             fail(self, "ref_ema_tau", "must be in (0, 1]")
         if self.num_iterations < 1:
             fail(self, "num_iterations", "must be an integer >= 1")
+        _positive(self, ("mini_batches",))
         _schedule_ok(self, "kl_schedule", "0:0.03,100:0.01,500:0.005")
         if any(v < 0 for _, v in self.kl_schedule):
             fail(self, "kl_schedule", "every β must be >= 0")
@@ -426,9 +443,14 @@ class OptimConfig:
     max_consecutive_nonfinite: int = opt(
         1000, "Non-finite gradients skipped in a row before the run stops updating (optax.apply_if_finite)."
     )
+    micro_batches: int = opt(
+        1,
+        "Gradient accumulation: each update's (mini-)batch is processed in this many micro-batches, "
+        "normalised by the whole batch's sequence / token counts (the same update, less memory).",
+    )
 
     def __post_init__(self):
-        _positive(self, ("learning_rate", "grad_clip", "eps", "max_consecutive_nonfinite"))
+        _positive(self, ("learning_rate", "grad_clip", "eps", "max_consecutive_nonfinite", "micro_batches"))
         _positive(self, ("weight_decay", "warmup_steps"), strict=False)
         for n in ("b1", "b2"):
             if not 0 <= getattr(self, n) < 1:
@@ -712,22 +734,76 @@ class LogConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Room for a device mesh (data x model axes, grpo_jax.train.sharding). The main job runs on one device
-    until the scale-out issue wires the mesh in; other shapes are refused, not ignored."""
+    """The device mesh of the run (grpo_jax.train.sharding): named axes data x fsdp x tensor over every device
+    of every process. The rollout batch is split over data x fsdp (a group never straddles devices);
+    parameters, optimizer moments and the reference are sharded over fsdp (ZeRO-3 style: each leaf's largest
+    divisible dimension) and tensor (Megatron: q/k/v/gate/up by columns, o/down by rows). The product must
+    equal the global device count (checked when the run starts, where the devices are known)."""
 
     FLAG_PREFIX: ClassVar[str] = "mesh_"
-    data: int = opt(1, "Data-parallel mesh axis size (only 1 until the mesh is wired into the main job).")
-    model: int = opt(1, "Model-parallel mesh axis size (only 1 until the mesh is wired into the main job).")
+    data: int = opt(-1, "Data-parallel axis size (-1 = every device not used by the fsdp and tensor axes).")
+    fsdp: int = opt(1, "Parameter-sharding (FSDP / ZeRO-3) axis size; also splits the batch.")
+    tensor: int = opt(1, "Tensor-parallel (Megatron) axis size.")
 
     def __post_init__(self):
-        for n in ("data", "model"):
-            if getattr(self, n) != 1:
+        _positive(self, ("fsdp", "tensor"))
+        if self.data != -1 and self.data < 1:
+            fail(self, "data", "must be >= 1, or -1 for every device not used by fsdp x tensor")
+
+
+DIST_CLUSTERS = ("none", "auto")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistConfig:
+    """Multi-process / multi-host runs on JAX's own runtime (jax.distributed; grpo_jax.train.distributed).
+    One process per host (or per accelerator); every process runs the same program (SPMD), grades its own
+    rows of the batch in its own sandbox, and process 0 writes the logs. CPU collectives use gloo."""
+
+    FLAG_PREFIX: ClassVar[str] = "dist_"
+    cluster: str = opt(
+        "none",
+        "none: one process unless --dist_coordinator is given; auto: jax.distributed.initialize() "
+        "detects the cluster (SLURM, TPU VM pods, Kubernetes, Open MPI).",
+        choices=DIST_CLUSTERS,
+    )
+    coordinator: str = opt(
+        "", "Coordinator HOST:PORT (process 0's address) for an explicit multi-process run."
+    )
+    num_processes: int = opt(1, "Processes in an explicit multi-process run (with --dist_coordinator).")
+    process_id: int = opt(0, "This process's index, 0 .. num_processes - 1 (with --dist_coordinator).")
+    init_timeout_s: int = opt(300, "Seconds to wait for every process to join at start-up.")
+    heartbeat_s: int = opt(
+        60, "JAX's heartbeat timeout: a process silent this long (dead, or its host lost) ends the run."
+    )
+    step_timeout_s: int = opt(
+        1800,
+        "Every GRPO step starts at a barrier: a process that does not reach it within this many "
+        "seconds (hung) ends the run with an error naming it.",
+    )
+
+    def __post_init__(self):
+        _choice(self, "cluster", DIST_CLUSTERS)
+        _positive(self, ("num_processes", "init_timeout_s", "heartbeat_s", "step_timeout_s"))
+        if self.coordinator:
+            host, _, port = self.coordinator.rpartition(":")
+            if not host or not port.isdigit():
+                fail(self, "coordinator", "must be HOST:PORT, e.g. 10.0.0.1:1234")
+            if self.cluster == "auto":
                 fail(
                     self,
-                    n,
-                    "the main job does not build a device mesh yet (train/sharding.py is used by "
-                    "the multi-device test only): only 1 is valid",
+                    "coordinator",
+                    "give either --dist_cluster=auto or an explicit coordinator, not both",
                 )
+            if not 0 <= self.process_id < self.num_processes:
+                fail(self, "process_id", f"must be in 0..{self.num_processes - 1} (num_processes)")
+        elif self.num_processes != 1 or self.process_id != 0:
+            which = "num_processes" if self.num_processes != 1 else "process_id"
+            fail(self, which, "needs --dist_coordinator=HOST:PORT (or --dist_cluster=auto)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.coordinator) or self.cluster == "auto"
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -746,6 +822,18 @@ RESUMABLE_CHANGES = (
     "log.every",
     "log.sample_every",
     "sandbox.workers",
+    # the mesh and the process layout: the run's meaning is the same on any devices (equal to <= 1e-6,
+    # tests/test_distributed.py), so a run may resume on a different machine shape
+    "mesh.data",
+    "mesh.fsdp",
+    "mesh.tensor",
+    "dist.cluster",
+    "dist.coordinator",
+    "dist.num_processes",
+    "dist.process_id",
+    "dist.init_timeout_s",
+    "dist.heartbeat_s",
+    "dist.step_timeout_s",
 )
 
 
@@ -778,6 +866,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
     mesh: MeshConfig = MeshConfig()
+    dist: DistConfig = DistConfig()
 
     def __post_init__(self):
         if not self.workdir.strip():
@@ -787,6 +876,14 @@ class RunConfig:
         n_rl = self.tasks.train_per_level * len(self.tasks.rl_levels)
         if ro.prompts_per_step > n_rl:
             fail(self, "rollout.prompts_per_step", f"must not exceed the {n_rl} RL training problems")
+        split = obj.mini_batches * self.optim.micro_batches
+        if ro.prompts_per_step % split:
+            fail(
+                self,
+                "optim.micro_batches",
+                f"mini_batches x micro_batches = {obj.mini_batches} x {self.optim.micro_batches} must divide "
+                f"prompts_per_step={ro.prompts_per_step} (the batch is split by prompts, groups stay whole)",
+            )
         if self.replay.enabled and self.replay.capacity < ro.prompts_per_step:
             fail(self, "replay.capacity", f"must be >= prompts_per_step={ro.prompts_per_step}")
         if (self.replay.enabled or ro.async_rewards) and not obj.loss.tis_enabled:
@@ -842,6 +939,7 @@ SECTIONS = (
     CheckpointConfig,
     LogConfig,
     MeshConfig,
+    DistConfig,
     RunConfig,
 )
 

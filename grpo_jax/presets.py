@@ -109,7 +109,8 @@ _PRESETS = (
         "dapo",
         "DAPO §3-4.1: no KL, clip-higher 0.2/0.28, dynamic sampling, token-mean, overlong filter + soft "
         "punishment with L_cache=4096 of L_max=20480 (L_max = --max_new_tokens here), G=16; ddof/eps from "
-        "TRL. Not representable yet: DAPO's 16 mini-batch updates per rollout (μ=1 here).",
+        "TRL. DAPO's 16 mini-batch updates per rollout are --mini_batches=16 (with --prompts_per_step a "
+        "multiple of 16); the preset leaves 1, so it fits any batch.",
         objective__kl_coef=0.0,
         objective__loss__eps_high=0.28,
         objective__loss__aggregation="token_mean",

@@ -220,6 +220,7 @@ def test_sparse_mechanisms_async_run_and_extension_resume(tmp_path):
         (["--replay_fraction=1.5"], "--replay_fraction"),
         (["--kl_anchor=old"], "--kl_anchor=old: with num_iterations=1"),
         (["--pool_k_schedule=0:x"], "--pool_k_schedule"),
+        (["--mesh_fsdp=2"], "--mesh_fsdp=2 x --mesh_tensor=1 = 2 does not divide the 1 devices"),
     ],
 )
 def test_bad_flags_give_one_line_and_write_nothing(tmp_path, args, needle):
@@ -270,7 +271,8 @@ def test_controllers_schedules_and_dapo_run_from_the_cli(tmp_path, args, drives)
     """Each adaptive controller (and the β schedule, and DAPO with its overlong shaping) completes a short
     run from the command line and moves the coefficient it drives (the random-init policy's entropy, ~6.2,
     is above every target here and its KL to the reference after one step is below every target)."""
-    proc = _run(TINY, f"--workdir={tmp_path / 'run'}", "--steps=2", "--eval_samples=1", "--eval_ks=1", *args)
+    common = ("--steps=2", "--sft_steps=0", "--eval_samples=1", "--eval_ks=1")  # no SFT: a short suite
+    proc = _run(TINY, f"--workdir={tmp_path / 'run'}", *common, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train = [x for x in lines if "reward" in x]

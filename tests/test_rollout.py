@@ -167,3 +167,45 @@ def test_keys_of_one_step_are_pairwise_distinct(ex):
     clashes = [(a, b) for a, b in itertools.combinations(raw, 2) if raw[a] == raw[b]]
     assert not clashes, clashes[:5]
     assert len(raw) > 11 * T  # the token keys of 4 rounds, 4 pool members and 3 eval calls were covered
+
+
+class _TwoProcesses:
+    """A Context stand-in for process 0 of 2: the other process's grades are computed here, by the same
+    code path, for the rows process 0 does not own."""
+
+    multi = True
+
+    def __init__(self, other):
+        self.other = other
+
+    def allgather_objects(self, name, obj):
+        assert name == "grades"
+        return [obj, self.other()]
+
+
+def test_each_process_grades_its_rows_and_the_exchange_puts_them_back_in_place(ex):
+    """Multi-process grading (CodegenRollout._grade): process 0 grades rows 0 and 2, 'process 1' rows 1
+    and 3, and the exchanged verdicts / rewards equal the single-process grading row for row."""
+    cfg = _cfg(replay_fraction=0.0)
+    one = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    probs = [PROBLEMS[i] for i in (3, 5, 7, 9)]
+    # row b passes in members g < b (row 0: none pass ... row 3: three of four pass): every row differs
+    ref = [p.reference[len(p.prompt) :] if p.completion_mode != "program" else p.reference for p in probs]
+    texts = [ref[b] if g < b else "syntax error (" for b in range(B) for g in range(G)]
+    want_v, want_r = one._grade(probs, texts)
+    assert want_r.tolist() == [[1.0 * (g < b) for g in range(G)] for b in range(B)]
+
+    other = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    other.owned = np.array([False, True, False, True])
+    mine = np.flatnonzero(other.owned)
+    sub = [texts[b * G + g] for b in mine for g in range(G)]
+
+    def other_grades():
+        v, r = pipeline.score_completions(ex, [probs[b] for b in mine], sub, G, None, other.fmt)
+        return mine, v, r
+
+    proc0 = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL, ctx=_TwoProcesses(other_grades))
+    proc0.owned = ~other.owned
+    got_v, got_r = proc0._grade(probs, texts)
+    np.testing.assert_array_equal(got_r, want_r)
+    assert [v.status for v in got_v] == [v.status for v in want_v]

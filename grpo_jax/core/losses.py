@@ -184,6 +184,7 @@ def aggregate(
     mode: str,
     max_len: int | None = None,
     token_count: jax.Array | float | None = None,
+    num_seqs: int | None = None,
 ) -> jax.Array:
     """Reduce a per-token loss to a scalar (GRPO_MATH.md §1.1 "How the loss is averaged", T4).
 
@@ -201,12 +202,16 @@ def aggregate(
     Zero valid tokens never give NaN (denominators are max(·, 1)).
     token_count: optional override of Σ|o_i| for "token_mean" (e.g. the active-token count of the whole
     accumulated global batch, TRL "dapo", when this call sees only a micro-batch).
+    num_seqs: optional override of N for every other mode (the whole batch's sequence count when this call
+    sees one micro-batch of it): the micro-batches' losses then SUM to the whole batch's.
     """
     m = jnp.asarray(mask, jnp.float32)
     x = _f32(per_token)
     if mode not in AGGREGATIONS:
         raise ValueError(f"aggregate: unknown mode {mode!r}; valid modes are {AGGREGATIONS}.")
-    n_seq = max(int(m[..., 0].size), 1)  # static: product of the leading axes
+    n_seq = max(int(m[..., 0].size), 1) if num_seqs is None else int(num_seqs)  # static
+    if n_seq < 1:
+        raise ValueError(f"aggregate: num_seqs={num_seqs} must be >= 1")
     if mode == "seq_mean" and x.ndim == m.ndim - 1:
         chex.assert_shape(x, m.shape[:-1])
         return x.sum() / n_seq
@@ -572,6 +577,7 @@ def grpo_per_token_loss(
     entropy_coef: jax.Array | float,
     entropy: jax.Array | None = None,
     logp_behaviour: jax.Array | None = None,
+    entropy_threshold: jax.Array | None = None,
 ) -> tuple[jax.Array, PerTokenTerms]:
     """Per-token GRPO loss ℓ_{i,t} before aggregation (arguments as `grpo_loss`), in TRL 1.16's order
     (grpo_trainer.py::_compute_loss):
@@ -674,6 +680,8 @@ def grpo_per_token_loss(
         if entropy is None:
             raise ValueError("grpo_loss: top_entropy_quantile < 1 needs the per-token entropy")
         thr = masked_quantile(sg(ent), m, 1.0 - cfg.top_entropy_quantile)
+        if entropy_threshold is not None:  # the whole batch's quantile, for a micro-batch of it
+            thr = sg(_f32(entropy_threshold))
         ent_mask = ((sg(ent) * m >= thr) & valid).astype(jnp.float32)
     isw = ones if is_w is None or cfg.objective == "vespo" else jnp.broadcast_to(is_w, lp.shape)
     weight = off * (ent_mask if cfg.top_entropy_quantile < 1.0 else ones) * isw
@@ -719,6 +727,9 @@ def grpo_loss(
     entropy: jax.Array | None = None,
     logp_behaviour: jax.Array | None = None,
     num_items: jax.Array | float | None = None,
+    num_seqs: int | None = None,
+    entropy_threshold: jax.Array | None = None,
+    entropy_items: jax.Array | None = None,
 ) -> tuple[jax.Array, LossAux]:
     """GRPO loss (DeepSeekMath eq. 3–4, arXiv 2402.03300; variants DAPO / Dr. GRPO / GSPO / LUSPO / CISPO /
     SAPO / VESPO; TRL 1.16 grpo_trainer.py::_compute_loss; GRPO_MATH.md §1, T5):
@@ -732,7 +743,11 @@ def grpo_loss(
     broadcast over T) or [..., T] (per token), mask [..., T]; entropy [..., T] or None (needed for
     top_entropy_quantile < 1); logp_behaviour [..., T] (the sampler's; needed iff the IS correction is on;
     used by the off-policy mask when given, else logp_old); num_items: the token count that "token_mean"
-    divides by (TRL's num_items_in_batch for dapo / cispo / vespo; default the mask's). kl_coef /
+    divides by (TRL's num_items_in_batch for dapo / cispo / vespo; default the mask's). For a micro-batch of
+    a bigger batch (gradient accumulation, grpo_jax.train.step) the whole batch's normalisers are passed, so
+    the micro-batches' losses and gradients sum to the whole batch's: num_items (its token count), num_seqs
+    (its sequence count N), entropy_threshold (its top-entropy quantile) and entropy_items (its count of
+    tokens in the entropy bonus, Σ m·M_H, for entropy_bonus="token_mean"). kl_coef /
     entropy_coef are traced scalars (controllers change them without recompiling). Returns (loss, LossAux).
     """
     per_token, t = grpo_per_token_loss(
@@ -746,13 +761,15 @@ def grpo_loss(
         entropy_coef=entropy_coef,
         entropy=entropy,
         logp_behaviour=logp_behaviour,
+        entropy_threshold=entropy_threshold,
     )
     m = jnp.asarray(mask, jnp.float32)
-    agg = dict(mode=cfg.aggregation, max_len=cfg.max_len, token_count=num_items)
+    agg = dict(mode=cfg.aggregation, max_len=cfg.max_len, token_count=num_items, num_seqs=num_seqs)
     loss = aggregate(per_token, m, **agg)
     if cfg.entropy_bonus == "token_mean":
         eff = m * t.entropy_mask
-        loss = loss - _f32(entropy_coef) * jnp.sum(t.entropy * eff) / jnp.maximum(jnp.sum(eff), 1.0)
+        n_eff = jnp.sum(eff) if entropy_items is None else _f32(entropy_items)
+        loss = loss - _f32(entropy_coef) * jnp.sum(t.entropy * eff) / jnp.maximum(n_eff, 1.0)
     pg_loss = aggregate(-(t.weight * t.surrogate), m, **agg)
     has = m.sum() > 0
     valid = m > 0

@@ -92,7 +92,7 @@ class TransformerConfig:
     value_head: bool = False
     compute_dtype: str = "float32"  # "bfloat16" for accelerators; logits and softmax stay float32
     param_dtype: str = "float32"
-    remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
+    remat: str = "none"  # per-layer rematerialisation policy, one of REMAT_POLICIES (memory for compute)
     init_std: float = 0.02
     # --- real-checkpoint options (grpo_jax.models.hf); the defaults are today's model, bit for bit ---
     qk_norm: bool = False  # Qwen3: RMSNorm over Dh of each q / k head (weights "q_norm"/"k_norm" [L, Dh])
@@ -360,9 +360,29 @@ def _out_proj(cfg: TransformerConfig, lp: dict, x: jax.Array, o: jax.Array, dtyp
     return x + dense(o, lp["o_proj"], dtype)
 
 
+# jax.checkpoint policies per layer: what the backward pass keeps from the forward ("none": everything, no
+# recomputation; "full": only the layer inputs, the whole layer is recomputed; "dots": the matmul outputs, the
+# elementwise ops are recomputed; "dots_no_batch": matmul outputs without batch dimensions, i.e. the
+# projections but not the attention scores)
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+
+
+def remat_layer(fn, policy: str):
+    """fn wrapped in jax.checkpoint under a REMAT_POLICIES policy ("none": fn itself)."""
+    if policy == "none":
+        return fn
+    if policy == "full":
+        return jax.checkpoint(fn)
+    if policy == "dots":
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.checkpoint_dots)
+    if policy == "dots_no_batch":
+        return jax.checkpoint(fn, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+    raise ValueError(f"remat policy {policy!r}: valid policies are {', '.join(REMAT_POLICIES)}")
+
+
 def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
-    """carry = fn(carry, layer_params) over the stacked layers (lax.scan; optional remat)."""
-    body = jax.checkpoint(fn) if cfg.remat else fn
+    """carry = fn(carry, layer_params) over the stacked layers (lax.scan; remat policy cfg.remat)."""
+    body = remat_layer(fn, cfg.remat)
 
     def step(c, lp):
         return body(c, lp), None

@@ -35,11 +35,11 @@ import numpy as np
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import datasets, pipeline, tasks
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.config import RESUMABLE_CHANGES, OptimConfig, RunConfig, from_leaves
+from grpo_jax.config import RESUMABLE_CHANGES, DistConfig, MeshConfig, OptimConfig, RunConfig, from_leaves
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
-from grpo_jax.train import sft
+from grpo_jax.train import distributed, sft, sharding
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
 from grpo_jax.train.rollout import make_rollout
@@ -71,12 +71,29 @@ class Run:
     train_step: Callable
     print: Callable[[str], None]
     notes: Sequence[str]
+    ctx: distributed.Context
+    mesh: Any
+    state_sh: Any  # the RunState's shardings (train / frozen by parameter specs, rollout state replicated)
     pretrained: Any = None  # the checkpoint's parameters (init_from), consumed by warm_start
     extra_evals: dict = dataclasses.field(default_factory=dict)  # {"mbpp": [...], "humaneval": [...]}
     logger: MetricsLogger | None = None
     results: dict = dataclasses.field(default_factory=dict)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     step_times: list = dataclasses.field(default_factory=list)
+
+
+class NullLogger:
+    """The logger of processes other than 0 (they write nothing)."""
+
+    def scalars(self, *a, **k) -> None: ...
+
+    def histograms(self, *a, **k) -> None: ...
+
+    def samples(self, *a, **k) -> None: ...
+
+    def table(self, *a, **k) -> None: ...
+
+    def close(self) -> None: ...
 
 
 def run(cfg: RunConfig, executor: Executor, print_fn: Callable[[str], None] = print, notes=()) -> dict:
@@ -115,15 +132,22 @@ def setup(cfg: RunConfig, executor: Executor, print_fn, notes) -> tuple[Run, Run
         r.pretrained = None  # the checkpoint's weights replace the pretrained ones
     run_info = {"config": cfg.to_json(), "tokenizer": r.tok.fingerprint(), "notes": list(r.notes)}
     purge = None if state is None else int(state.train.step) + 1
-    r.logger = MetricsLogger(cfg.workdir, run_info=run_info, purge_step=purge)
+    if r.ctx.is_main:  # one writer of logs, TensorBoard and run metadata
+        r.logger = MetricsLogger(cfg.workdir, run_info=run_info, purge_step=purge)
+    else:
+        r.logger = NullLogger()
     return r, state
 
 
 def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -> Run:
-    """Problems, tokenizer, model, optimizer, checkpointer, train step and rollout of a run (no state)."""
+    """Problems, tokenizer, model, optimizer, checkpointer, mesh, train step and rollout of a run (no state).
+    In a multi-process run every process builds the same; only process 0 prints."""
+    ctx = distributed.context(cfg.dist)
+    print_fn = ctx.print_fn(print_fn)
+    mesh = run_mesh(cfg, ctx, print_fn)
     sft_p, rl_p, heldout, extra = problem_sets(cfg)
     if executor is not None and cfg.sandbox.time_limits == "reference":
-        rl_p, heldout, extra = reference_limits(cfg, executor, rl_p, heldout, extra, print_fn)
+        rl_p, heldout, extra = reference_limits(cfg, executor, rl_p, heldout, extra, print_fn, ctx)
     tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     t = cfg.tasks
     what = f"levels {t.sft_levels} / {t.rl_levels}" if t.source == "procedural" else "MBPP train split"
@@ -141,22 +165,81 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     optimizer = make_optimizer(cfg.optim)
     os.makedirs(cfg.workdir, exist_ok=True)
     ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.checkpoint.keep)
+    batch_sh = sharding.batch_sharding(mesh)
+    rollout = make_rollout(cfg, tok, executor, rl_p, model, param_fn, ctx=ctx, batch_sharding=batch_sh)
+    args = (cfg, executor, tok, model, sft_p, rl_p, heldout, optimizer, param_fn, ckpt, rollout, None)
+    r = Run(*args, print_fn, tuple(notes), ctx, mesh, None, pretrained=pretrained, extra_evals=extra)
+    r.state_sh = state_shardings(r)
     policy = dict(logits_fn=transformer_logits_fn(model), logp_fn=None)
     if cfg.model.logp_chunk:
         from grpo_jax.policies.logp import make_logp_fn
 
         policy = dict(logits_fn=None, logp_fn=make_logp_fn(model, cfg.model.logp_chunk))
-    train_step = make_train_step(
+    r.train_step = make_train_step(
         policy["logits_fn"],
         cfg.objective,
         optimizer,
         temperature=cfg.rollout.temperature,
         param_fn=param_fn,
         logp_fn=policy["logp_fn"],
+        shardings=(r.state_sh.train, batch_sh, r.state_sh.frozen),
+        micro_batches=cfg.optim.micro_batches,
     )
-    rollout = make_rollout(cfg, tok, executor, rl_p, model, param_fn)
-    args = (cfg, executor, tok, model, sft_p, rl_p, heldout, optimizer, param_fn, ckpt, rollout, train_step)
-    return Run(*args, print_fn, tuple(notes), pretrained=pretrained, extra_evals=extra)
+    return r
+
+
+def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
+    """The run's mesh over every device of every process, checked against the batch it must split."""
+    m = cfg.mesh
+    try:
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor)
+    except sharding.MeshError as e:
+        raise RunConfigError(str(e)) from None
+    dp = sharding.batch_parallelism(mesh)
+    B, parts = cfg.rollout.prompts_per_step, cfg.objective.mini_batches * cfg.optim.micro_batches
+    if (B // parts) % dp:
+        raise RunConfigError(
+            f"--prompts_per_step={B} / (--mini_batches x --micro_batches = {parts}) = {B // parts} "
+            f"prompts per micro-batch must be divisible by the batch's split over the mesh, data x fsdp = "
+            f"{dp} ({jax.device_count()} devices: "
+            + ", ".join(f"{a} {mesh.shape[a]}" for a in sharding.AXES)
+            + ")"
+        )
+    if mesh.size > 1 or ctx.multi:
+        shape = " x ".join(f"{a} {mesh.shape[a]}" for a in sharding.AXES)
+        print_fn(
+            f"mesh: {shape} over {mesh.size} {jax.devices()[0].platform} devices in {ctx.count} process(es)"
+        )
+    return mesh
+
+
+def state_shardings(r: Run) -> RunState:
+    """The RunState's shardings: train state and LoRA base by parameter specs (sharding.tree_shardings),
+    the rollout state (pool, curriculum, replay, pending batch) replicated."""
+    abstract = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
+    rep = sharding.replicated(r.mesh)
+    return RunState(
+        train=sharding.tree_shardings(abstract.train, r.mesh),
+        rollout=jax.tree.map(lambda _: rep, abstract.rollout),
+        frozen=sharding.tree_shardings(abstract.frozen, r.mesh),
+    )
+
+
+def placed_state(r: Run, params: Any) -> RunState:
+    """fresh_state(r, params) built straight into the run's shardings: the (host or local) parameters are
+    placed by their specs first, so a checkpoint's weights and the optimizer moments never sit whole on one
+    device."""
+    params = sharding.put(params, sharding.tree_shardings(params, r.mesh))
+    return jax.jit(lambda p: fresh_state(r, p), out_shardings=r.state_sh)(params)
+
+
+def _abstract_placed(r: Run) -> RunState:
+    """The restore template: the state's shapes and dtypes with the run's shardings (orbax restores each
+    process's shards straight into them)."""
+    abstract = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
+    return jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract, r.state_sh
+    )
 
 
 def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tuple[Run, RunState]:
@@ -165,9 +248,10 @@ def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tu
     with open(os.path.join(workdir, "run.json"), encoding="utf-8") as f:
         saved = json.load(f)["config"]
     cfg = from_leaves({**{k: _tuples(v) for k, v in _flat(saved).items()}, "workdir": workdir})
+    # this process's devices, whatever mesh and processes the run had (the checkpoint does not depend on them)
+    cfg = dataclasses.replace(cfg, mesh=MeshConfig(), dist=DistConfig())
     r = build(cfg, None, print_fn)
-    template = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
-    state, _ = r.ckpt.restore(template, step)
+    state, _ = r.ckpt.restore(_abstract_placed(r), step)
     r.rollout.bind(state.frozen)
     r.pretrained = None
     return r, state
@@ -198,13 +282,22 @@ def problem_sets(cfg: RunConfig) -> tuple[list, list, list, dict]:
     return sft_p, rl_p, heldout, extra
 
 
-def reference_limits(cfg: RunConfig, executor: Executor, rl_p, heldout, extra, print_fn):
-    """Every graded problem with its own wall limit from its reference's measured time (cached on disk)."""
+def reference_limits(cfg: RunConfig, executor: Executor, rl_p, heldout, extra, print_fn, ctx=None):
+    """Every graded problem with its own wall limit from its reference's measured time (cached on disk).
+    Several processes: process 0 measures and sends the limits to the others, so every sandbox grades
+    with the same limits."""
     from grpo_jax.codegen.timelimits import with_reference_time_limits
 
     kw = dict(floor_s=cfg.sandbox.time_limit_floor_s, factor=cfg.sandbox.time_limit_factor)
     groups = [rl_p, heldout, *extra.values()]
-    flat, report = with_reference_time_limits(executor, [p for g in groups for p in g], **kw)
+    problems = [p for g in groups for p in g]
+
+    def measure():
+        flat, report = with_reference_time_limits(executor, problems, **kw)
+        return [p.time_limit_s for p in flat], report
+
+    limits, report = (ctx or distributed.Context()).broadcast_object("time_limits", measure)
+    flat = [dataclasses.replace(p, time_limit_s=t) for p, t in zip(problems, limits, strict=True)]
     out, i = [], 0
     for g in groups:
         out.append(flat[i : i + len(g)])
@@ -284,9 +377,8 @@ def _restore(r: Run) -> RunState | None:
             f"workdir {r.cfg.workdir} already holds checkpoints (latest step {latest}) and resume is off: "
             "use a new --workdir, or drop --noresume to continue that run"
         )
-    template = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
     try:
-        state, host = r.ckpt.restore(template, latest)
+        state, host = r.ckpt.restore(_abstract_placed(r), latest)
     except CheckpointMismatchError as e:
         raise RunConfigError(f"the workdir {r.cfg.workdir} holds a run with a different model: {e}") from None
     _check_resumable(r.cfg, host["config"])
@@ -336,7 +428,7 @@ def warm_start(r: Run) -> RunState:
         params = tfm.init_params(r.model, rng_lib.derive(streams["init"], "model"))
     if cfg.sft.steps:
         params = _sft(r, params, streams["sft"])
-    state = fresh_state(r, params)
+    state = placed_state(r, params)
     r.rollout.bind(state.frozen)
     if cfg.lora.enabled:
         n_ad, n_all = lora.num_params(state.train.params), lora.num_params(state.frozen)
@@ -381,8 +473,11 @@ def train(r: Run, state: RunState) -> tuple[RunState, bool]:
     stop = SignalFlag.install()
     try:
         while int(state.train.step) < cfg.steps:
+            r.ctx.barrier(f"step {int(state.train.step)}")  # a hung process ends the run here (PeerLost)
             state = grpo_step(r, state, progress)
             step = int(state.train.step)
+            if r.ctx.multi and any(r.ctx.allgather_objects("stop", stop.is_set())):
+                stop.set()  # a signal to any process stops them all at the same step (saves are collective)
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
                 r.results.setdefault("evals", {})[str(step)] = evaluate(r, state, f"step {step}")
             if stop.is_set() or (
@@ -407,7 +502,7 @@ def grpo_step(r: Run, state: RunState, progress: Progress) -> RunState:
     )
     t1 = time.perf_counter()
     train, metrics, outputs = r.train_step(state.train, batch, state.frozen)
-    m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    m = {k: float(v) for k, v in r.ctx.host(metrics).items()}
     t2 = time.perf_counter()
     rollout = r.rollout.settle(rollout)
     t3 = time.perf_counter()
@@ -418,7 +513,7 @@ def grpo_step(r: Run, state: RunState, progress: Progress) -> RunState:
     n = step + 1
     r.logger.scalars(n, m)
     if n % r.cfg.log.every == 0 or n == r.cfg.steps:
-        r.logger.histograms(n, {k: np.asarray(v) for k, v in outputs.items()})
+        r.logger.histograms(n, r.ctx.host(outputs))
         r.print(progress.line(n, m, CONSOLE_KEYS))
     if r.cfg.log.sample_every and n % r.cfg.log.sample_every == 0:
         r.logger.samples(n, info.samples)
@@ -478,7 +573,7 @@ def _eval_sample_fn(r: Run, params, key):
         )
         k = rng_lib.derive(key, calls[0])
         out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
-        return np.asarray(out.tokens), np.asarray(out.mask)
+        return r.ctx.host((out.tokens, out.mask))
 
     return fn
 
@@ -517,11 +612,13 @@ def finish(r: Run, state: RunState) -> dict:
         out = os.path.join(r.cfg.workdir, "hf")
         export(r, state, out, overwrite=True)  # the run's own export (an extended run replaces it)
         res["exported_hf"] = out
-    res["final_params_sha256"] = params_digest(state.train.params)
+    res["final_params_sha256"] = params_digest(r.ctx.host(state.train.params))
     res["steps"] = step
     res["wall_seconds_this_process"] = time.perf_counter() - r.t_start
     res["config"] = r.cfg.to_json()
-    write_json_atomic(os.path.join(r.cfg.workdir, "results.json"), res)
+    res["processes"], res["devices"] = r.ctx.count, r.mesh.size
+    if r.ctx.is_main:
+        write_json_atomic(os.path.join(r.cfg.workdir, "results.json"), res)
     r.print(final_table(res))
     return res
 
@@ -539,13 +636,14 @@ def export(r: Run, state: RunState, out: str, overwrite: bool = False) -> None:
     from grpo_jax.models.hf import save_peft_adapters
     from grpo_jax.models.pretrained import save_pretrained
 
-    save_pretrained(
-        out, r.model, jax.device_get(policy_params(r, state)), tokenizer=r.tok, overwrite=overwrite
-    )
+    params = r.ctx.host(policy_params(r, state))  # every process gathers; process 0 writes
+    adapters = r.ctx.host(state.train.params) if r.cfg.lora.enabled else None
+    if not r.ctx.is_main:
+        return
+    save_pretrained(out, r.model, params, tokenizer=r.tok, overwrite=overwrite)
     msg = f"exported the policy (step {int(state.train.step)}) as a Hugging Face checkpoint: {out}"
     if r.cfg.lora.enabled:
         peft = out.rstrip("/") + "_peft"
-        adapters = jax.device_get(state.train.params)
         save_peft_adapters(peft, r.model, adapters, lora_alpha=r.cfg.lora.alpha, overwrite=overwrite)
         msg += f" (LoRA adapters in PEFT format: {peft})"
     r.print(msg)

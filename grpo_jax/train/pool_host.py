@@ -31,6 +31,7 @@ from grpo_jax.config import PoolConfig, RolloutConfig
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
+from grpo_jax.train.sharding import to_host
 
 
 class PoolRuntime:
@@ -111,7 +112,7 @@ class PoolRuntime:
             self.sp.top_k,
             self.sp.top_p,
         )
-        toks, cmask, mm = np.asarray(out.tokens), np.asarray(out.mask), np.asarray(mmask)
+        toks, cmask, mm = to_host((out.tokens, out.mask, mmask))
         b, g = len(problems), self.pc.samples_per_member
         rewards = np.full((self.m, b, g), np.nan, np.float32)
         act = np.flatnonzero(mm)

@@ -54,6 +54,8 @@ from grpo_jax.config import RunConfig
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
+from grpo_jax.train import sharding
+from grpo_jax.train.distributed import Context
 from grpo_jax.train.pool_host import PoolRuntime
 from grpo_jax.train.state import ProblemStats, RolloutState
 from grpo_jax.types import GRPOBatch, SampleOutput, batch_from_samples, empty_batch
@@ -135,10 +137,20 @@ class CodegenRollout:
         model_cfg,
         param_fn=None,
         frozen: Any = None,
+        *,
+        ctx: Context | None = None,
+        batch_sharding: Any = None,
     ):
         self.cfg, self.tok, self.executor, self.problems = cfg, tok, executor, list(problems)
         self.param_fn, self.frozen = param_fn, frozen
         self.G, self.B = cfg.rollout.group_size, cfg.rollout.prompts_per_step
+        # multi-process: every process samples the whole (sharded) batch, grades its own rows and receives
+        # the other processes' grades; single process: it owns every row
+        self.ctx = ctx or Context()
+        self.batch_sharding = batch_sharding
+        self.owned = np.ones(self.B, bool)
+        if batch_sharding is not None:
+            self.owned = sharding.owned_rows(self.B, batch_sharding)
         lv = sorted(set(cfg.tasks.rl_levels))
         self.levels = jnp.asarray(
             [lv.index(p.level) if p.level in lv else 0 for p in self.problems], jnp.int32
@@ -256,7 +268,15 @@ class CodegenRollout:
         state = self._update_state(state.replace(pool=pool), rounds, replayed, m)
         m.update(self._round_metrics(rounds))
         samples = [self._sample_row(rounds[ri], b) for ri, b in rows]
-        return state, batch, RolloutInfo(m, samples)
+        return state, self._place(batch), RolloutInfo(m, samples)
+
+    def _place(self, batch: GRPOBatch) -> GRPOBatch:
+        """The batch as global arrays split over the mesh's batch axes (what the train step expects)."""
+        return batch if self.batch_sharding is None else sharding.put(batch, self.batch_sharding)
+
+    def _rows(self, x: np.ndarray) -> Any:
+        """Host rows [B, ...] -> the device, split over the batch axes."""
+        return jnp.asarray(x) if self.batch_sharding is None else sharding.put(x, self.batch_sharding)
 
     def _choose(self, state: RolloutState, key: jax.Array, n: int) -> np.ndarray:
         if self.ccfg.kind == "uniform":
@@ -268,7 +288,7 @@ class CodegenRollout:
         probs = [self.problems[i] for i in idx]
         prompt, pmask = pipeline.encode_prompts(self.tok, probs, self.cfg.tasks.prompt_len, self.fmt)
         t0 = time.perf_counter()
-        out = self.sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), key, self.sp)
+        out = self.sampler(params, self._rows(prompt), self._rows(pmask), key, self.sp)
         n_rep = 0 if replayed is None else int(replayed["problem"].shape[0])
         if n_rep:  # the G-th member of the last n_rep groups is the stored success (on the device)
             at = (slice(self.B - n_rep, None), self.G - 1)
@@ -279,12 +299,10 @@ class CodegenRollout:
                 lengths=out.lengths.at[at].set(replayed["mask"].sum(-1).astype(jnp.int32)),
                 truncated=out.truncated.at[at].set(replayed["truncated"]),
             )
-        tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)  # tokens out
+        tokens, mask = self.ctx.host((out.tokens, out.mask))  # tokens out (every process: all rows)
         t1 = time.perf_counter()
         texts = pipeline.decode_completions(self.tok, tokens, mask)
-        verdicts, rewards = pipeline.score_completions(
-            self.executor, probs, texts, self.G, self.cfg.sandbox.deadline_s, self.fmt
-        )
+        verdicts, rewards = self._grade(probs, texts)
         n_tests = [len(p.tests) for p in probs for _ in range(self.G)]
         tv, tm = per_test_rewards(verdicts, self.num_tests, n_tests)
         return _Round(
@@ -302,6 +320,26 @@ class CodegenRollout:
             t_sample=t1 - t0,
             t_reward=time.perf_counter() - t1,
         )
+
+    def _grade(self, probs: list[Problem], texts: list[str]) -> tuple[list, np.ndarray]:
+        """Grade this process's rows in its own sandbox; with several processes, exchange the grades so every
+        process holds the verdicts and rewards [B, G] of every row."""
+        G, dl = self.G, self.cfg.sandbox.deadline_s
+        if not self.ctx.multi:
+            return pipeline.score_completions(self.executor, probs, texts, G, dl, self.fmt)
+        mine = np.flatnonzero(self.owned)
+        my_texts = [texts[b * G + g] for b in mine for g in range(G)]
+        v, r = pipeline.score_completions(self.executor, [probs[b] for b in mine], my_texts, G, dl, self.fmt)
+        verdicts: list = [None] * (len(probs) * G)
+        rewards = np.zeros((len(probs), G), r.dtype)
+        for rows, vs, rs in self.ctx.allgather_objects("grades", (mine, v, r)):
+            for i, b in enumerate(rows):
+                verdicts[b * G : (b + 1) * G] = vs[i * G : (i + 1) * G]
+                rewards[b] = rs[i]
+        missing = [b for b in range(len(probs)) if verdicts[b * G] is None]
+        if missing:
+            raise RuntimeError(f"rollout: no process graded rows {missing} (the row owners do not cover B)")
+        return verdicts, rewards
 
     def _assemble(self, rounds: list[_Round], m: dict) -> tuple[GRPOBatch, list[tuple[int, int]]]:
         """The batch: round 0 as it is, or (dynamic sampling) the kept groups of every round first, then
@@ -448,7 +486,7 @@ class AsyncRollout:
             raise RuntimeError("AsyncRollout.produce called before settle() of the previous step")
         pending = state.pending
         if self._pending_step == step:
-            batch, info = pending, self._pending_info
+            batch, info = self.inner._place(pending), self._pending_info
         else:  # nothing graded ahead (a fresh run, or resumed from a checkpoint without a pending batch)
             state, batch, info = self.inner.produce(state.replace(pending=None), params, key, step)
         params, key = jax.tree.map(jnp.copy, (params, key))  # the train step donates the originals

@@ -33,7 +33,7 @@ import optax
 
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import compute_advantages, pool_baseline_advantages
-from grpo_jax.core.losses import grpo_loss, kl_penalty, soft_overlong_punishment
+from grpo_jax.core.losses import LossAux, grpo_loss, kl_penalty, masked_quantile, soft_overlong_punishment
 from grpo_jax.core.metrics import masked_mean, masked_std
 from grpo_jax.core.multiscale import multi_scale_advantages
 from grpo_jax.policies import transformer as tfm
@@ -87,9 +87,10 @@ def make_train_step(
     *,
     temperature: float = 1.0,
     jit: bool = True,
-    shardings: tuple[Any, Any] | None = None,
+    shardings: tuple[Any, Any] | tuple[Any, Any, Any] | None = None,
     param_fn: Callable[[Any, Any], Any] | None = None,
     logp_fn: LogpFn | None = None,
+    micro_batches: int = 1,
 ):
     """Build `train_step(state, batch, frozen=None) -> (state, metrics, outputs)`.
 
@@ -98,7 +99,18 @@ def make_train_step(
     a chunked LM head that never materialises the full logits).
 
     jit=True compiles it once (the TrainState is donated; `frozen` is not); `shardings=(state_sharding,
-    batch_sharding)` pins input/output shardings for multi-device meshes (grpo_jax.train.sharding).
+    batch_sharding[, frozen_sharding])` pins input/output shardings for multi-device meshes
+    (grpo_jax.train.sharding); batch_sharding is one NamedSharding for every batch leaf (or a tree of them).
+
+    Micro- and mini-batches (`micro_batches` = k, `obj.mini_batches` = m; both 1 = the plain step): each epoch
+    (μ = obj.num_iterations of them) shuffles the B prompts and splits them into m mini-batches, one optimiser
+    update each; each update's gradient is accumulated over k strided micro-batches of its mini-batch, each
+    normalised by the MINI-BATCH's counts (sequences N, tokens Σ|o_i| for token_mean / DAPO, entropy-bonus
+    tokens, the top-entropy threshold), so the k micro-batch gradients sum exactly to the mini-batch's
+    (tests/test_microbatch.py). With m·k > 1 one no-gradient pass at the step's parameters (in micro-batch
+    sized chunks) first gives π_old's log-probs for every update, the reference log-probs, the entropy the
+    controllers measure and the top-entropy threshold (over the whole rollout batch); the loss diagnostics
+    are those of the first epoch's updates combined.
     param_fn(trainable, frozen) -> full model parameters, for states whose `params` are not the whole model
     (LoRA: `lora.merge` of the stop-gradient'ed frozen base with the adapters). The reference policy is
     `param_fn(state.ref_params, frozen)` likewise.
@@ -107,9 +119,13 @@ def make_train_step(
         raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
     if (logits_fn is None) == (logp_fn is None):
         raise ValueError("make_train_step: give exactly one of logits_fn and logp_fn")
+    if micro_batches < 1 or obj.mini_batches < 1:
+        raise ValueError(f"make_train_step: micro_batches={micro_batches} and mini_batches must be >= 1")
     logp_fn = logp_fn or logp_from_logits(logits_fn)
     kl_ctrl, ent_ctrl = make_controllers(obj)
     anchor_is_ref = obj.loss.kl_anchor == "ref"
+    n_mini, n_micro = obj.mini_batches, micro_batches
+    batch_sh = None if shardings is None else shardings[1]
 
     def token_stats(params, frozen, batch):
         full = params if param_fn is None else param_fn(params, frozen)
@@ -173,10 +189,149 @@ def make_train_step(
             iteration, carry, jnp.arange(obj.num_iterations)
         )
         aux, kl_coef, ent_coef, signals, grad_norm = jax.tree.map(lambda x: x[0], per_it)  # iteration 1
+        updated = dict(
+            params=params, opt_state=opt_state, aux=aux, logp_first=logp_first, grad_norm=grad_norm
+        )
+        coefs = dict(kl_coef=kl_coef, ent_coef=ent_coef, signals=signals, last_loss=per_it[0].loss[-1])
+        return finish(state, batch, rewards, mask, adv, finite, n_samples, **updated, **coefs)
+
+    def constrain(tree):
+        """Pin a (micro-)batch's rows to the batch sharding (data x fsdp) so XLA keeps them local."""
+        if batch_sh is None or not isinstance(batch_sh, jax.sharding.NamedSharding):
+            return tree
+        return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sh), tree)
+
+    def step_split(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+        """The step with mini-batches and / or gradient accumulation (m·k > 1; see make_train_step)."""
+        finite = jnp.isfinite(batch.rewards)
+        batch = batch.replace(
+            rewards=jnp.where(finite, batch.rewards, 0.0),
+            group_mask=batch.group_mask * finite.astype(jnp.float32),
+        )
+        rewards = total_rewards(batch, obj)
+        mask = loss_mask(batch, obj)
+        adv = advantages(batch.replace(rewards=rewards), obj)
+        n_samples = jnp.sum(batch.group_mask)
+        B, G = batch.rewards.shape
+        n_chunks = n_mini * n_micro
+        if B % n_chunks:
+            raise ValueError(
+                f"train step: B={B} prompts do not split into {n_mini} x {n_micro} micro-batches"
+            )
+
+        # one pass without gradients at the step's parameters: π_old, π_ref, entropies (micro-batch chunks)
+        def stats(x):
+            lp, ent = token_stats(state.params, frozen, x)
+            ref = sg(token_stats(state.ref_params, frozen, x)[0]) if obj.uses_reference else None
+            return sg(lp), sg(ent), ref
+
+        lp0, ent0, ref0 = _unsplit(jax.lax.map(lambda x: stats(constrain(x)), _split(batch, n_chunks)))
+        anchor0 = ref0 if anchor_is_ref else lp0
+        signals = {
+            "entropy": masked_mean(ent0, mask),
+            "kl": jnp.float32(0.0)
+            if anchor0 is None
+            else masked_mean(kl_penalty(lp0, anchor0, kind=obj.loss.kl_estimator), mask),
+            "none": jnp.float32(0.0),
+        }
+        kl_coef = kl_ctrl.applied(state.kl_ctrl, signals[kl_ctrl.measures])
+        ent_coef = ent_ctrl.applied(state.ent_ctrl, signals[ent_ctrl.measures])
+        thr = None
+        if obj.loss.top_entropy_quantile < 1.0:
+            thr = masked_quantile(ent0, mask, 1.0 - obj.loss.top_entropy_quantile)
+        per_row = {
+            "batch": batch,
+            "mask": mask,
+            "adv": adv,
+            "logp_old": lp0,
+            "logp_ref": ref0,
+            "behaviour": batch.logp_sampler if obj.loss.uses_behaviour else None,
+        }
+        rows_per_mini = B // n_mini
+
+        def micro_loss(params, mb, counts):
+            lp, ent = token_stats(params, frozen, mb["batch"])
+            return grpo_loss(
+                lp,
+                mb["logp_old"],
+                mb["logp_ref"],
+                mb["adv"],
+                mb["mask"],
+                cfg=obj.loss,
+                kl_coef=kl_coef,
+                entropy_coef=ent_coef,
+                entropy=ent,
+                logp_behaviour=mb["behaviour"],
+                num_items=counts["tokens"],
+                num_seqs=rows_per_mini * G,
+                entropy_threshold=thr,
+                entropy_items=counts["entropy_tokens"],
+            )
+
+        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+        def update(carry, u):
+            params, opt_state = carry
+            epoch = u // n_mini
+            j = u % n_mini
+            order = jnp.arange(B)
+            if n_mini > 1:  # PPO-style: a fresh shuffle of the prompts every epoch
+                order = jax.random.permutation(state.key("train", "minibatch", epoch), B)
+            rows = jax.lax.dynamic_slice_in_dim(order, j * rows_per_mini, rows_per_mini)
+            mini = jax.tree.map(lambda x: x[rows], per_row)
+            m_tok = mini["mask"]
+            ent_tok = m_tok
+            if thr is not None:
+                ent_tok = m_tok * ((ent0[rows] * m_tok >= thr) & (m_tok > 0))
+            counts = {"tokens": m_tok.sum(), "entropy_tokens": ent_tok.sum()}
+
+            def micro(acc, mb):
+                mb = {**mb, "batch": constrain(mb["batch"])}
+                (_, aux), g = grad_fn(params, mb, counts)
+                return jax.tree.map(jnp.add, acc, g), (aux, mb["mask"].sum())
+
+            zeros = jax.tree.map(jnp.zeros_like, params)
+            grads, (aux, tok) = jax.lax.scan(micro, zeros, _split(mini, n_micro))
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state), (aux, tok, optax.tree.norm(grads))
+
+        n_updates = obj.num_iterations * n_mini
+        (params, opt_state), (aux_all, tok_all, gn_all) = jax.lax.scan(
+            update, (state.params, state.opt_state), jnp.arange(n_updates)
+        )
+        # diagnostics: the first epoch's updates (m mini-batches x k micro-batches) combined
+        first = jax.tree.map(lambda x: x[:n_mini].reshape(-1, *x.shape[2:]), aux_all)
+        aux = combine_aux(first, tok_all[:n_mini].reshape(-1), obj.loss.importance_level)
+        aux = aux._replace(loss=aux.loss / n_mini, pg_loss=aux.pg_loss / n_mini)
+        last_loss = jnp.sum(aux_all.loss[-1])
+        updated = dict(params=params, opt_state=opt_state, aux=aux, logp_first=lp0, grad_norm=gn_all[0])
+        coefs = dict(kl_coef=kl_coef, ent_coef=ent_coef, signals=signals, last_loss=last_loss)
+        return finish(state, batch, rewards, mask, adv, finite, n_samples, **updated, **coefs)
+
+    def finish(
+        state,
+        batch,
+        rewards,
+        mask,
+        adv,
+        finite,
+        n_samples,
+        *,
+        params,
+        opt_state,
+        aux,
+        logp_first,
+        grad_norm,
+        kl_coef,
+        ent_coef,
+        signals,
+        last_loss,
+    ):
+        """Controllers, reference update and metrics after the updates (both step forms)."""
         kl_state = kl_ctrl.update(state.kl_ctrl, signals[kl_ctrl.measures], n_steps=n_samples)
         ent_state = ent_ctrl.update(state.ent_ctrl, signals[ent_ctrl.measures], n_steps=n_samples)
         ref_params, ref_due = update_reference(state.ref_params, params, state.step + 1, obj)
-
         metrics = _metrics(batch, rewards, obj, mask, adv, aux, logp_first, grad_norm, opt_state)
         metrics.update(
             {
@@ -184,7 +339,7 @@ def make_train_step(
                 "coef/entropy": ent_coef,
                 "coef/kl_next": kl_state.coef,
                 "coef/entropy_next": ent_state.coef,
-                "loss/final_iteration": per_it[0].loss[-1],
+                "loss/final_iteration": last_loss,
                 "nonfinite/rewards": jnp.sum(~finite).astype(jnp.float32),
                 "ref/updated": ref_due,
             }
@@ -215,13 +370,19 @@ def make_train_step(
         )
         return new_state, metrics, {"advantages": adv, "rewards": rewards}
 
+    if n_mini * n_micro > 1:
+        step = step_split
     if not jit:
         return step
     if shardings is None:
         return jax.jit(step, donate_argnums=0)
-    state_sh, batch_sh = shardings
+    state_sh, b_sh, *rest = shardings
+    frozen_sh = rest[0] if rest else None
     jitted = jax.jit(
-        step, donate_argnums=0, in_shardings=(state_sh, batch_sh, None), out_shardings=(state_sh, None, None)
+        step,
+        donate_argnums=0,
+        in_shardings=(state_sh, b_sh, frozen_sh),
+        out_shardings=(state_sh, None, None),
     )
 
     def sharded_step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
@@ -350,3 +511,46 @@ def _metrics(batch, rewards, obj, mask, adv, aux, logp, grad_norm, opt_state) ->
         "logp_mismatch": masked_mean(jnp.abs(batch.logp_sampler - logp), mask),
         "tokens": mask.sum(),
     }
+
+
+def _split(tree: Any, n: int) -> Any:
+    """[B, ...] leaves -> [n, B/n, ...], strided (row b goes to part b mod n), so a batch sharded in
+    contiguous row blocks over the devices gives every part a share of every device's rows (no data
+    movement)."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // n, n, *x.shape[1:]).swapaxes(0, 1), tree)
+
+
+def _unsplit(tree: Any) -> Any:
+    """The inverse of _split: [n, B/n, ...] -> [B, ...]."""
+    return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(-1, *x.shape[2:]), tree)
+
+
+# how each LossAux field of the micro-batches combines into the whole batch's value
+_SUMMED = ("loss", "pg_loss")  # already normalised by the whole batch's counts
+_MAXED = ("ratio_max", "clip_high_max")
+_MINNED = ("ratio_min", "clip_low_min")
+_SEQ_MEANS = ("off_policy_kept",)  # plain means over sequences (equal-sized micro-batches)
+
+
+def combine_aux(aux: LossAux, tokens: jax.Array, importance_level: str) -> LossAux:
+    """One LossAux from micro-batch ones stacked on axis 0 (`tokens` [n]: each one's valid tokens): sums for
+    the globally normalised losses, max / min for the extremes, plain means for per-sequence shares (and the
+    clip fractions at importance_level="sequence"), token-weighted means for the token means."""
+    w = tokens / jnp.maximum(tokens.sum(), 1.0)
+    seq_means = _SEQ_MEANS + (
+        ("clip_low_frac", "clip_high_frac", "clip_region_frac") if importance_level == "sequence" else ()
+    )
+    has = tokens > 0
+    out = {}
+    for name, x in aux._asdict().items():
+        if name in _SUMMED:
+            out[name] = x.sum()
+        elif name in _MAXED:
+            out[name] = jnp.where(has.any(), jnp.where(has, x, -jnp.inf).max(), 0.0)
+        elif name in _MINNED:
+            out[name] = jnp.where(has.any(), jnp.where(has, x, jnp.inf).min(), 0.0)
+        elif name in seq_means:
+            out[name] = x.mean()
+        else:
+            out[name] = jnp.sum(x * w)
+    return LossAux(**out)
