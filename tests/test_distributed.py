@@ -162,3 +162,29 @@ def test_killed_process_ends_the_other_and_the_rerun_resumes_bit_identically(run
     want = json.loads((runs["2x2 data2 fsdp2"]["wd"] / "results.json").read_text())["final_params_sha256"]
     got = json.loads((wd / "results.json").read_text())["final_params_sha256"]
     assert got == want
+
+
+def test_stall_message_names_the_processes_behind_or_says_this_one_is():
+    from grpo_jax.train.distributed import _stall_message
+
+    pr = {"count": 7, "label": "step 2: train step", "since": 0.0}
+    msg = _stall_message(0, pr, {1: (6, "step 2: rollout"), 2: (7, "step 2: train step")}, 20.0, 15)
+    assert msg == (
+        "process 0 made no progress for 20 s at 'step 2: train step' (--dist_step_timeout_s=15): "
+        "process 1 at 'step 2: rollout' did not get here (hung)"
+    )
+    behind = {"count": 6, "label": "step 2: rollout", "since": 0.0}
+    assert "this process is the one behind (process 0 reached 'step 2: train step')" in _stall_message(
+        1, behind, {0: (7, "step 2: train step")}, 20.0, 15
+    )
+    assert "every process is at the same point" in _stall_message(0, pr, {1: (7, "x")}, 20.0, 15)
+
+
+def test_single_process_context_needs_no_coordinator():
+    from grpo_jax.train.distributed import Context
+
+    ctx = Context()
+    assert ctx.allgather_objects("x", {"a": 1}) == [{"a": 1}]
+    assert ctx.broadcast_object("y", lambda: 3) == 3
+    ctx.barrier("z")  # no-op with one process
+    assert ctx.is_main and not ctx.multi

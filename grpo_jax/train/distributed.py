@@ -14,9 +14,11 @@ things a process does alone go through this module:
               local one directly;
   one writer  process 0 (`ctx.is_main`) writes logs, TensorBoard, run.json and results.json; orbax writes
               checkpoints collectively (every process calls save / restore);
-  failures    JAX's coordination service ends every process when one stops heartbeating (dead process or
-              host: `--dist_heartbeat_s`); every step starts at a barrier with `--dist_step_timeout_s`, so a
-              hung process ends the run with an error naming it (`PeerLost`) instead of a silent hang.
+  failures    a watchdog thread per process heartbeats through the key-value store and ends the process
+              (exit 75, a line naming the lost process) when a peer stops heartbeating (`--dist_heartbeat_s`;
+              JAX's own detection, at twice that, is the fallback), when the coordinator is unreachable, or
+              when its GRPO step makes no progress for `--dist_step_timeout_s` (naming the processes behind);
+              every step starts at a barrier and the grade exchange waits at most that long (`PeerLost`).
 
 Host-side exchange uses the coordination service's key-value store (the same channel orbax uses), so it
 needs no extra ports. CPU collectives use gloo (`jax_cpu_collectives_implementation`), so all of this runs on
@@ -76,29 +78,41 @@ def initialize(dist) -> None:
         ) from None
     _INITIALIZED = True
     if jax.process_count() > 1:
-        threading.Thread(
-            target=_watchdog, args=(jax.process_index(), jax.process_count(), dist.heartbeat_s), daemon=True
-        ).start()
+        args = (jax.process_index(), jax.process_count(), dist.heartbeat_s, dist.step_timeout_s)
+        threading.Thread(target=_watchdog, args=args, daemon=True).start()
 
 
-def _watchdog(me: int, count: int, timeout_s: float, every_s: float = 0.5) -> None:
-    """Heartbeats through the coordinator's key-value store. A peer whose counter has not moved for
-    timeout_s, or a coordinator that cannot be reached, ends THIS process (fail_lost) with a message naming
-    the lost process: whatever the main thread is blocked in (a collective, a barrier), the run ends within
-    about timeout_s instead of hanging."""
+# where this process's GRPO step is (Context.progress), read by the watchdog; "armed" only inside a step
+_PROGRESS = {"armed": False, "count": 0, "label": "starting", "since": time.monotonic()}
+
+
+def _watchdog(me: int, count: int, timeout_s: float, step_timeout_s: float, every_s: float = 0.5) -> None:
+    """Heartbeats through the coordinator's key-value store, each carrying this process's progress. Ends THIS
+    process (fail_lost) with a message naming the lost process when
+      - a peer's heartbeat has not moved for timeout_s (dead, stopped, or its host lost),
+      - the coordinator cannot be reached (process 0 lost), or
+      - this process's GRPO step has made no progress for step_timeout_s (it waits on a hung peer, e.g. in a
+        collective; the peers that are behind it are named),
+    whatever the main thread is blocked in, so the run ends within a bounded time instead of hanging."""
     client = _client()
     seen = {p: (None, time.monotonic()) for p in range(count) if p != me}
+    where = dict.fromkeys(seen, (0, "starting"))
     beat, unreachable_since = 0, None
     while True:
         beat += 1
         now = time.monotonic()
+        pr = dict(_PROGRESS)
         try:
-            client.key_value_set(f"grpo_jax/heartbeat/{me}", str(beat), allow_overwrite=True)
+            value = f"{beat}|{pr['count']}|{pr['label']}"
+            client.key_value_set(f"grpo_jax/heartbeat/{me}", value, allow_overwrite=True)
             for p, (value, since) in seen.items():
                 try:
                     v = client.key_value_try_get(f"grpo_jax/heartbeat/{p}")
                 except Exception:  # not written yet (still starting up)
                     v = None
+                if v is not None:
+                    _, n, label = v.split("|", 2)
+                    where[p] = (int(n), label)
                 if v != value:
                     seen[p] = (v, now)
                 elif now - since > timeout_s:
@@ -109,6 +123,8 @@ def _watchdog(me: int, count: int, timeout_s: float, every_s: float = 0.5) -> No
                         )
                     )
             unreachable_since = None
+            if pr["armed"] and now - pr["since"] > step_timeout_s:
+                fail_lost(PeerLost(_stall_message(me, pr, where, now, step_timeout_s)))
         except Exception as e:
             unreachable_since = unreachable_since or now
             if now - unreachable_since > min(timeout_s, 5.0):
@@ -119,6 +135,21 @@ def _watchdog(me: int, count: int, timeout_s: float, every_s: float = 0.5) -> No
                     )
                 )
         time.sleep(every_s)
+
+
+def _stall_message(me: int, pr: dict, where: dict, now: float, step_timeout_s: float) -> str:
+    """Why this process's step stalled: the peers that are behind it, or that it is the one behind."""
+    behind = [f"process {p} at {lb!r}" for p, (n, lb) in where.items() if n < pr["count"]]
+    ahead = [f"process {p} reached {lb!r}" for p, (n, lb) in where.items() if n > pr["count"]]
+    head = (
+        f"process {me} made no progress for {now - pr['since']:.0f} s at {pr['label']!r} "
+        f"(--dist_step_timeout_s={step_timeout_s:g}): "
+    )
+    if behind:
+        return head + ", ".join(behind) + " did not get here (hung)"
+    if ahead:
+        return head + "this process is the one behind (" + ", ".join(ahead) + ")"
+    return head + "every process is at the same point (a hung collective or sandbox)"
 
 
 def _client():
@@ -183,6 +214,14 @@ class Context:
             return fn()
         value = fn() if self.is_main else None
         return self.allgather_objects(name, value)[0]
+
+    def progress(self, label: str) -> None:
+        """Mark a point of the GRPO step reached (the watchdog ends a step that stops making progress)."""
+        _PROGRESS.update(armed=True, count=_PROGRESS["count"] + 1, label=label, since=time.monotonic())
+
+    def idle(self) -> None:
+        """Outside the GRPO steps (SFT, evaluation, checkpoints): no progress deadline."""
+        _PROGRESS.update(armed=False, since=time.monotonic())
 
     def barrier(self, name: str, timeout_s: float | None = None) -> None:
         """Wait until every process arrives; PeerLost naming the missing ones after the timeout."""

@@ -475,6 +475,7 @@ def train(r: Run, state: RunState) -> tuple[RunState, bool]:
         while int(state.train.step) < cfg.steps:
             r.ctx.barrier(f"step {int(state.train.step)}")  # a hung process ends the run here (PeerLost)
             state = grpo_step(r, state, progress)
+            r.ctx.idle()  # evaluation and checkpoints below have no progress deadline
             step = int(state.train.step)
             if r.ctx.multi and any(r.ctx.allgather_objects("stop", stop.is_set())):
                 stop.set()  # a signal to any process stops them all at the same step (saves are collective)
@@ -497,13 +498,16 @@ def grpo_step(r: Run, state: RunState, progress: Progress) -> RunState:
     """One GRPO step: the rollout's batch, the train step on it, the rollout settled, everything logged."""
     step = int(state.train.step)
     t0 = time.perf_counter()
+    r.ctx.progress(f"step {step + 1}: rollout")  # the watchdog names a process that stops making progress
     rollout, batch, info = r.rollout.produce(
         state.rollout, state.train.params, state.train.rng["rollout"], step
     )
     t1 = time.perf_counter()
+    r.ctx.progress(f"step {step + 1}: train step")
     train, metrics, outputs = r.train_step(state.train, batch, state.frozen)
     m = {k: float(v) for k, v in r.ctx.host(metrics).items()}
     t2 = time.perf_counter()
+    r.ctx.progress(f"step {step + 1}: settle and log")
     rollout = r.rollout.settle(rollout)
     t3 = time.perf_counter()
     r.step_times.append(t3 - t0)
