@@ -195,6 +195,14 @@ def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
         mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor)
     except sharding.MeshError as e:
         raise RunConfigError(str(e)) from None
+    if ctx.multi and cfg.rollout.async_rewards:
+        # the async rollout's worker thread would run collectives and key-value exchanges concurrently with
+        # the train step's, in an order that can differ between processes
+        raise RunConfigError(
+            "--async_rewards runs with one process only (its rollout thread's collectives would interleave "
+            f"with the train step's differently in each of the {ctx.count} processes); drop it, or use one "
+            "process with several devices"
+        )
     dp = sharding.batch_parallelism(mesh)
     B, parts = cfg.rollout.prompts_per_step, cfg.objective.mini_batches * cfg.optim.micro_batches
     if (B // parts) % dp:
