@@ -954,6 +954,25 @@ def field_types(cls: type) -> dict[str, Any]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
+# config fields that changed meaning or went away, for runs saved before the change (migrate_saved)
+_LEGACY_VALUES = {"model.remat": {False: "none", True: "full"}}  # a bool before the remat policies
+_REMOVED = ("mesh.model",)  # the old model-parallel axis (only 1 was ever valid): now mesh.tensor
+
+
+def migrate_saved(flat: dict[str, Any]) -> dict[str, Any]:
+    """A saved run's flattened config in today's terms: legacy values mapped, removed fields dropped, fields
+    added since filled with their defaults (a run saved before a field existed ran with its default)."""
+    out = {k: v for k, v in flat.items() if k not in _REMOVED}
+    for k, table in _LEGACY_VALUES.items():
+        if k in out and isinstance(out[k], bool):
+            out[k] = table[out[k]]
+    defaults = json.loads(json.dumps(leaves(RunConfig(workdir="defaults"))))
+    for k, v in defaults.items():
+        if k not in out:
+            out[k] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
 def leaves(cfg: Any, prefix: str = "") -> dict[str, Any]:
     """{dotted path: value} of every leaf field of a config tree (sections flattened)."""
     out: dict[str, Any] = {}

@@ -185,3 +185,24 @@ def test_pretrained_model_flags():
     assert (cfg.eval.samples, cfg.eval.ks, cfg.eval.mbpp, cfg.eval.humaneval) == (0, (), 20, True)
     with pytest.raises(cli.FlagError, match=r"--eval_ks=1,8: must be empty with samples=0"):
         resolve("--eval_samples=0")
+
+
+def test_a_run_saved_before_the_scale_out_fields_still_resumes():
+    """Saved configs from before mesh/dist/mini/micro-batches and the remat policies (migrate_saved): new
+    fields at their defaults, the remat bool and the removed mesh.model are not differences; a real one is."""
+    from grpo_jax.config import RunConfig
+    from grpo_jax.train.loop import RunConfigError, _check_resumable
+
+    cfg = RunConfig(workdir="w")
+    saved = cfg.to_json()
+    del saved["objective"]["mini_batches"], saved["optim"]["micro_batches"], saved["dist"]
+    saved["model"]["remat"] = False
+    saved["mesh"] = {"data": 1, "model": 1}
+    _check_resumable(cfg, saved)
+    saved["objective"]["kl_coef"] = 0.5
+    with pytest.raises(RunConfigError, match=r"different configuration \(objective.kl_coef\)"):
+        _check_resumable(cfg, saved)
+    saved["objective"]["kl_coef"] = cfg.objective.kl_coef
+    saved["model"]["remat"] = True  # was full remat: a different run than remat none
+    with pytest.raises(RunConfigError, match=r"model.remat"):
+        _check_resumable(cfg, saved)

@@ -35,7 +35,15 @@ import numpy as np
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import datasets, pipeline, tasks
 from grpo_jax.codegen.tokenizer import CodeTokenizer
-from grpo_jax.config import RESUMABLE_CHANGES, DistConfig, MeshConfig, OptimConfig, RunConfig, from_leaves
+from grpo_jax.config import (
+    RESUMABLE_CHANGES,
+    DistConfig,
+    MeshConfig,
+    OptimConfig,
+    RunConfig,
+    from_leaves,
+    migrate_saved,
+)
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
@@ -255,7 +263,7 @@ def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tu
     the configuration the run saved — for export and inspection. Close with `r.ckpt.close()`."""
     with open(os.path.join(workdir, "run.json"), encoding="utf-8") as f:
         saved = json.load(f)["config"]
-    cfg = from_leaves({**{k: _tuples(v) for k, v in _flat(saved).items()}, "workdir": workdir})
+    cfg = from_leaves({**{k: _tuples(v) for k, v in migrate_saved(_flat(saved)).items()}, "workdir": workdir})
     # this process's devices, whatever mesh and processes the run had (the checkpoint does not depend on them)
     cfg = dataclasses.replace(cfg, mesh=MeshConfig(), dist=DistConfig())
     r = build(cfg, None, print_fn)
@@ -408,7 +416,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def _check_resumable(cfg: RunConfig, saved: dict) -> None:
-    now, old = _flat(cfg.to_json()), _flat(saved)
+    now, old = _flat(cfg.to_json()), migrate_saved(_flat(saved))
     diff = sorted(k for k in set(now) | set(old) if k not in RESUMABLE_CHANGES and now.get(k) != old.get(k))
     if diff:
         raise RunConfigError(
