@@ -53,13 +53,20 @@ def main(argv):
 
     from grpo_jax.sandbox.executor import Executor
     from grpo_jax.sandbox.types import Limits
+    from grpo_jax.train import compile_cache
     from grpo_jax.train.loop import RunConfigError, run
+
+    try:  # before the first compilation
+        cache_dir = compile_cache.enable(cfg.runtime.compilation_cache)
+    except ValueError as e:
+        cli.fail(f"--compilation_cache={cfg.runtime.compilation_cache}: {e}")
 
     main_process = distributed.context(cfg.dist).is_main
     limits = Limits(wall_s=cfg.sandbox.wall_s, cpu_s=cfg.sandbox.cpu_s)
     with Executor(num_workers=cfg.sandbox.workers, limits=limits) as executor:  # this process's own sandbox
         if main_process:
             print(f"sandbox: isolation tier {executor.tier_line()}", flush=True)
+            print(f"compilation cache: {cache_dir or 'off'}", flush=True)
         try:
             run(cfg, executor, notes=notes)
         except RunConfigError as e:  # e.g. the workdir holds a different run

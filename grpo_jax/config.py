@@ -19,6 +19,7 @@
       log         LogConfig          console / TensorBoard / JSONL cadence
       mesh        MeshConfig         the device mesh: data x fsdp x tensor
       dist        DistConfig         multi-process / multi-host (jax.distributed)
+      runtime     RuntimeConfig      how this process runs (the persistent compilation cache)
 
 Every field is checked once, in the `__post_init__` of the class that owns it (cross-section rules in
 `RunConfig.__post_init__`), and a bad value raises grpo_jax.errors.ConfigError naming the field, the value and
@@ -751,6 +752,19 @@ class MeshConfig:
             fail(self, "data", "must be >= 1, or -1 for every device not used by fsdp x tensor")
 
 
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """How this process runs, not what it computes (results do not depend on it)."""
+
+    FLAG_PREFIX: ClassVar[str] = ""
+    compilation_cache: str = opt(
+        "",
+        "JAX's persistent compilation cache directory (grpo_jax.train.compile_cache): empty = "
+        "$GRPO_JAX_CACHE_DIR/xla or ~/.cache/grpo_jax/xla; 'none' = off. A second run of the same "
+        "configuration loads its compiled steps instead of recompiling.",
+    )
+
+
 DIST_CLUSTERS = ("none", "auto")
 
 
@@ -834,6 +848,7 @@ RESUMABLE_CHANGES = (
     "dist.init_timeout_s",
     "dist.heartbeat_s",
     "dist.step_timeout_s",
+    "runtime.compilation_cache",
 )
 
 
@@ -867,6 +882,7 @@ class RunConfig:
     log: LogConfig = LogConfig()
     mesh: MeshConfig = MeshConfig()
     dist: DistConfig = DistConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
 
     def __post_init__(self):
         if not self.workdir.strip():
@@ -940,6 +956,7 @@ SECTIONS = (
     LogConfig,
     MeshConfig,
     DistConfig,
+    RuntimeConfig,
     RunConfig,
 )
 
