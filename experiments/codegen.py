@@ -73,6 +73,10 @@ def main(argv):
             cli.fail(str(e))
         except distributed.PeerLost as e:  # another process hung or died: end now, do not wait for it
             distributed.fail_lost(e)
+        except Exception as e:  # with several processes, often a collective whose peer died
+            if cfg.dist.enabled:
+                distributed.fail_after_error(e, cfg.dist.heartbeat_s)
+            raise
 
 
 if __name__ == "__main__":

@@ -251,6 +251,30 @@ class Context:
         return lambda *a, **k: None
 
 
+def fail_after_error(e: BaseException, heartbeat_s: float) -> None:
+    """An error in a multi-process run (often a collective failing because a peer died): print it, give the
+    watchdog one heartbeat timeout to find a lost peer (it then ends the process naming it), else end this
+    process with status 1. os._exit either way: a normal exit would wait for the lost peer at JAX's
+    shutdown barrier."""
+    import os
+    import traceback
+
+    traceback.print_exception(e, file=sys.stderr)
+    first = str(e).splitlines()[0][:300] if str(e) else ""
+    print(
+        f"error in process {jax.process_index()}: {type(e).__name__}: {first}; waiting up to "
+        f"{heartbeat_s + 3:g} s to see whether another process was lost",
+        file=sys.stderr,
+        flush=True,
+    )
+    time.sleep(heartbeat_s + 3)
+    print(
+        f"error: process {jax.process_index()} failed on its own (no other process was lost)", file=sys.stderr
+    )
+    sys.stderr.flush()
+    os._exit(1)
+
+
 def context(dist=None) -> Context:
     timeout = 1800 if dist is None else dist.step_timeout_s
     return Context(index=jax.process_index(), count=jax.process_count(), step_timeout_s=timeout)
