@@ -104,6 +104,7 @@ def test_every_layout_equals_one_device(runs):
     ref_p, ref_m = _params(runs["1x1"]["wd"]), _metrics(runs["1x1"]["wd"])
     moved = _param_diff(ref_p, _params_at(runs["1x1"]["wd"], 0))
     assert moved > 1e-5, moved  # three steps really changed the parameters
+    assert ref_m[-1]["pool/size"] == 2  # the pool (K split over data where data divides it) took part
     for name in ("1x4 data2 fsdp2", "1x4 data2 tensor2 chunked head", "2x2 data2 fsdp2"):
         wd = runs[name]["wd"]
         assert _param_diff(ref_p, _params(wd)) <= TOL, (name, _param_diff(ref_p, _params(wd)))

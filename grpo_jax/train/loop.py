@@ -231,12 +231,16 @@ def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
 
 def state_shardings(r: Run) -> RunState:
     """The RunState's shardings: train state and LoRA base by parameter specs (sharding.tree_shardings),
-    the rollout state (pool, curriculum, replay, pending batch) replicated."""
+    the pool's members split over data (sharding.pool_shardings), the rest of the rollout state
+    (curriculum, replay, pending batch, pool bookkeeping) replicated."""
     abstract = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
     rep = sharding.replicated(r.mesh)
+    rollout = jax.tree.map(lambda _: rep, abstract.rollout)
+    if abstract.rollout.pool is not None:  # the pool's K snapshots split over the data axis
+        rollout = rollout.replace(pool=sharding.pool_shardings(abstract.rollout.pool, r.mesh))
     return RunState(
         train=sharding.tree_shardings(abstract.train, r.mesh),
-        rollout=jax.tree.map(lambda _: rep, abstract.rollout),
+        rollout=rollout,
         frozen=sharding.tree_shardings(abstract.frozen, r.mesh),
     )
 

@@ -10,6 +10,9 @@ The mesh has three named axes over every device of every process (jax.devices(),
           and reduce-scatters its gradient. The batch is split over this axis too.
   tensor  Megatron tensor parallelism: q/k/v/gate/up kernels by output columns, o/down kernels by input rows.
 
+The policy pool's stacked members [K, ...] split K over data and their own dimensions like the parameters
+(pool_shardings); the rest of the rollout state is replicated.
+
 Everything is a `NamedSharding` and the train step is an ordinary `jax.jit` (the modern form of `pmap`).
 Meshes use `AxisType.Auto` (jax.make_mesh defaults to Explicit axes in this JAX version, under which sharded
 contractions raise ShardingTypeError unless every op is annotated).
@@ -120,6 +123,24 @@ def tree_shardings(tree: Any, mesh: Mesh) -> Any:
     rest (steps, controller states, PRNG keys) replicated."""
     axes = dict(mesh.shape)
     return jax.tree_util.tree_map_with_path(lambda p, x: NamedSharding(mesh, param_spec(p, x, axes)), tree)
+
+
+def pool_shardings(pool: Any, mesh: Mesh) -> Any:
+    """NamedShardings of a PoolState (grpo_jax.pool): every stacked member leaf [K, ...] has its K axis split
+    over "data" (when data divides K) and its member dimensions sharded like the parameters (fsdp / tensor),
+    so K snapshots cost each device K / data of them; the ring-buffer bookkeeping is replicated."""
+    axes = dict(mesh.shape)
+    rep = NamedSharding(mesh, P())
+
+    def member(path, leaf):
+        if not hasattr(leaf, "ndim") or leaf.ndim == 0:
+            return rep
+        inner = param_spec(path, jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype), axes)
+        k_axis = DATA if axes[DATA] > 1 and leaf.shape[0] % axes[DATA] == 0 else None
+        return NamedSharding(mesh, P(k_axis, *inner))
+
+    out = jax.tree.map(lambda _: rep, pool)
+    return out.replace(params=jax.tree_util.tree_map_with_path(member, pool.params))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
