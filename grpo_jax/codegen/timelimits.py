@@ -27,10 +27,15 @@ DEFAULT_FLOOR_S = 0.5
 DEFAULT_FACTOR = 5.0
 
 
+def cache_dir() -> Path:
+    """grpo_jax's cache directory: $GRPO_JAX_CACHE_DIR, else ~/.cache/grpo_jax (also the compilation cache's
+    parent, grpo_jax.train.compile_cache)."""
+    return Path(os.environ.get("GRPO_JAX_CACHE_DIR") or Path.home() / ".cache" / "grpo_jax")
+
+
 def cache_path() -> Path:
     """$GRPO_JAX_CACHE_DIR/reference_times.json (default ~/.cache/grpo_jax/reference_times.json)."""
-    base = os.environ.get("GRPO_JAX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "grpo_jax")
-    return Path(base) / "reference_times.json"
+    return cache_dir() / "reference_times.json"
 
 
 def _key(p: Problem, tier: str) -> str:

@@ -17,12 +17,13 @@ import os
 
 import jax
 
+from grpo_jax.codegen.timelimits import cache_dir
+
 MIN_COMPILE_S = 0.5  # smaller programs compile faster than they load
 
 
 def default_dir() -> str:
-    base = os.environ.get("GRPO_JAX_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "grpo_jax")
-    return os.path.join(base, "xla")
+    return str(cache_dir() / "xla")
 
 
 def enable(setting: str = "", min_compile_s: float = MIN_COMPILE_S) -> str | None:

@@ -81,7 +81,8 @@ class Run:
     notes: Sequence[str]
     ctx: distributed.Context
     mesh: Any
-    state_sh: Any  # the RunState's shardings (train / frozen by parameter specs, rollout state replicated)
+    template: Any  # the RunState's shapes, dtypes and shardings (state_template; the restore template)
+    state_sh: Any  # the same shardings alone (jit in/out shardings)
     pretrained: Any = None  # the checkpoint's parameters (init_from), consumed by warm_start
     extra_evals: dict = dataclasses.field(default_factory=dict)  # {"mbpp": [...], "humaneval": [...]}
     logger: MetricsLogger | None = None
@@ -176,8 +177,9 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     batch_sh = sharding.batch_sharding(mesh)
     rollout = make_rollout(cfg, tok, executor, rl_p, model, param_fn, ctx=ctx, batch_sharding=batch_sh)
     args = (cfg, executor, tok, model, sft_p, rl_p, heldout, optimizer, param_fn, ckpt, rollout, None)
-    r = Run(*args, print_fn, tuple(notes), ctx, mesh, None, pretrained=pretrained, extra_evals=extra)
-    r.state_sh = state_shardings(r)
+    r = Run(*args, print_fn, tuple(notes), ctx, mesh, None, None, pretrained=pretrained, extra_evals=extra)
+    r.template = state_template(r)
+    r.state_sh = jax.tree.map(lambda a: a.sharding, r.template)
     policy = dict(logits_fn=transformer_logits_fn(model), logp_fn=None)
     if cfg.model.logp_chunk:
         from grpo_jax.policies.logp import make_logp_fn
@@ -229,19 +231,23 @@ def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
     return mesh
 
 
-def state_shardings(r: Run) -> RunState:
-    """The RunState's shardings: train state and LoRA base by parameter specs (sharding.tree_shardings),
-    the pool's members split over data (sharding.pool_shardings), the rest of the rollout state
-    (curriculum, replay, pending batch, pool bookkeeping) replicated."""
+def state_template(r: Run) -> RunState:
+    """The RunState's shapes and dtypes with its shardings (traced once per run; the restore template, and
+    `r.state_sh`): train state and LoRA base by parameter specs (sharding.tree_shardings), the pool's members
+    split over data (sharding.pool_shardings), the rest of the rollout state (curriculum, replay, pending
+    batch, pool bookkeeping) replicated."""
     abstract = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
     rep = sharding.replicated(r.mesh)
     rollout = jax.tree.map(lambda _: rep, abstract.rollout)
     if abstract.rollout.pool is not None:  # the pool's K snapshots split over the data axis
         rollout = rollout.replace(pool=sharding.pool_shardings(abstract.rollout.pool, r.mesh))
-    return RunState(
+    shardings = RunState(
         train=sharding.tree_shardings(abstract.train, r.mesh),
         rollout=rollout,
         frozen=sharding.tree_shardings(abstract.frozen, r.mesh),
+    )
+    return jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract, shardings
     )
 
 
@@ -253,15 +259,6 @@ def placed_state(r: Run, params: Any) -> RunState:
     return jax.jit(lambda p: fresh_state(r, p), out_shardings=r.state_sh)(params)
 
 
-def _abstract_placed(r: Run) -> RunState:
-    """The restore template: the state's shapes and dtypes with the run's shardings (orbax restores each
-    process's shards straight into them)."""
-    abstract = jax.eval_shape(lambda: fresh_state(r, tfm.init_params(r.model, jax.random.PRNGKey(0))))
-    return jax.tree.map(
-        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract, r.state_sh
-    )
-
-
 def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tuple[Run, RunState]:
     """The Run (no sandbox, no logger) and the RunState of a workdir's checkpoint (latest, or `step`), with
     the configuration the run saved — for export and inspection. Close with `r.ckpt.close()`."""
@@ -271,7 +268,7 @@ def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tu
     # this process's devices, whatever mesh and processes the run had (the checkpoint does not depend on them)
     cfg = dataclasses.replace(cfg, mesh=MeshConfig(), dist=DistConfig())
     r = build(cfg, None, print_fn)
-    state, _ = r.ckpt.restore(_abstract_placed(r), step)
+    state, _ = r.ckpt.restore(r.template, step)
     r.rollout.bind(state.frozen)
     r.pretrained = None
     return r, state
@@ -398,7 +395,7 @@ def _restore(r: Run) -> RunState | None:
             "use a new --workdir, or drop --noresume to continue that run"
         )
     try:
-        state, host = r.ckpt.restore(_abstract_placed(r), latest)
+        state, host = r.ckpt.restore(r.template, latest)
     except CheckpointMismatchError as e:
         raise RunConfigError(f"the workdir {r.cfg.workdir} holds a run with a different model: {e}") from None
     _check_resumable(r.cfg, host["config"])

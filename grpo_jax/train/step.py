@@ -131,8 +131,9 @@ def make_train_step(
         full = params if param_fn is None else param_fn(params, frozen)
         return logp_fn(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
 
-    def step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
-        # a non-finite reward is a data bug: its member leaves the group (and is counted in the metrics)
+    def prepare(batch: GRPOBatch):
+        """(batch, finite [B, G], rewards, loss mask, advantages): a non-finite reward is a data bug, so its
+        member leaves the group (and is counted in the metrics); then the shaped rewards and advantages."""
         finite = jnp.isfinite(batch.rewards)
         batch = batch.replace(
             rewards=jnp.where(finite, batch.rewards, 0.0),
@@ -140,7 +141,17 @@ def make_train_step(
         )
         rewards = total_rewards(batch, obj)  # [B,G]
         mask = loss_mask(batch, obj)  # [B,G,T]
-        adv = advantages(batch.replace(rewards=rewards), obj)  # [B,G]
+        return batch, finite, rewards, mask, advantages(batch.replace(rewards=rewards), obj)
+
+    def measure(ent, logp, anchor, mask):
+        """What the controllers can measure on this batch (Controller.measures), without gradients."""
+        kl = (
+            0.0 if anchor is None else masked_mean(kl_penalty(logp, anchor, kind=obj.loss.kl_estimator), mask)
+        )
+        return {"entropy": sg(masked_mean(ent, mask)), "kl": sg(jnp.float32(kl)), "none": jnp.float32(0.0)}
+
+    def step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+        batch, finite, rewards, mask, adv = prepare(batch)
         logp_ref = None
         if obj.uses_reference:
             logp_ref = sg(token_stats(state.ref_params, frozen, batch)[0])
@@ -151,13 +162,7 @@ def make_train_step(
             logp, ent = token_stats(params, frozen, batch)
             logp_old = jnp.where(first, sg(logp), logp_old)
             anchor = logp_ref if anchor_is_ref else logp_old
-            signals = {
-                "entropy": sg(masked_mean(ent, mask)),
-                "kl": jnp.float32(0.0)
-                if anchor is None
-                else sg(masked_mean(kl_penalty(logp, anchor, kind=obj.loss.kl_estimator), mask)),
-                "none": jnp.float32(0.0),
-            }
+            signals = measure(ent, logp, anchor, mask)
             kl_coef = kl_ctrl.applied(state.kl_ctrl, signals[kl_ctrl.measures])
             ent_coef = ent_ctrl.applied(state.ent_ctrl, signals[ent_ctrl.measures])
             loss, aux = grpo_loss(
@@ -203,14 +208,7 @@ def make_train_step(
 
     def step_split(state: TrainState, batch: GRPOBatch, frozen: Any = None):
         """The step with mini-batches and / or gradient accumulation (m·k > 1; see make_train_step)."""
-        finite = jnp.isfinite(batch.rewards)
-        batch = batch.replace(
-            rewards=jnp.where(finite, batch.rewards, 0.0),
-            group_mask=batch.group_mask * finite.astype(jnp.float32),
-        )
-        rewards = total_rewards(batch, obj)
-        mask = loss_mask(batch, obj)
-        adv = advantages(batch.replace(rewards=rewards), obj)
+        batch, finite, rewards, mask, adv = prepare(batch)
         n_samples = jnp.sum(batch.group_mask)
         B, G = batch.rewards.shape
         n_chunks = n_mini * n_micro
@@ -227,13 +225,7 @@ def make_train_step(
 
         lp0, ent0, ref0 = _unsplit(jax.lax.map(lambda x: stats(constrain(x)), _split(batch, n_chunks)))
         anchor0 = ref0 if anchor_is_ref else lp0
-        signals = {
-            "entropy": masked_mean(ent0, mask),
-            "kl": jnp.float32(0.0)
-            if anchor0 is None
-            else masked_mean(kl_penalty(lp0, anchor0, kind=obj.loss.kl_estimator), mask),
-            "none": jnp.float32(0.0),
-        }
+        signals = measure(ent0, lp0, anchor0, mask)
         kl_coef = kl_ctrl.applied(state.kl_ctrl, signals[kl_ctrl.measures])
         ent_coef = ent_ctrl.applied(state.ent_ctrl, signals[ent_ctrl.measures])
         thr = None
