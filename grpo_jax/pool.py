@@ -12,7 +12,8 @@ and `explore` flags exploration members. The active size K is an array argument,
 (8 -> 16 -> 32) never recompiles: the active set is simply the K most recent valid slots.
 
 What a slot holds is the caller's choice: the full parameters, or only LoRA adapters (then the pool costs
-K x adapter size, and `member_fn` merges a slot with the frozen base; grpo_jax.policies.lora).
+K x adapter size, and the members are evaluated together on one copy of the frozen base:
+`lora_member_logp`, `make_member_sampler(lora_alpha=...)`; grpo_jax.policies.lora.merge_members).
 
 The pool is a baseline, not the GRPO group (GRPO_MATH §3 rows 2 and 4): the group stays G completions of the
 current policy; `returns_baseline` turns the pool members' rewards on the SAME prompts into a per-prompt
@@ -29,7 +30,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.policies import sampling
+from grpo_jax.policies import lora, sampling
 
 
 @flax.struct.dataclass
@@ -172,6 +173,21 @@ def member_temperatures(
     return t
 
 
+def lora_member_logp(
+    logp_fn: Callable[..., jax.Array], base: Any, adapters: Any, alpha: float, prompt, pmask, completions
+) -> jax.Array:
+    """`member_logp` for M LoRA members of one base (adapters stacked [M, ...]) WITHOUT vmap: the members'
+    copies of the batch are one member-major batch of M*B rows (`lora.merge_members`), so each projection is
+    one base matmul plus per-member rank-r deltas. logp_fn(params, prompt, pmask, completions [B, G, T])
+    -> [B, G, T]. Returns [M, B, G, T]."""
+    m = lora.num_members(adapters)
+    b = prompt.shape[0]
+    params = lora.merge_members(base, adapters, alpha=alpha)
+    tile = lambda x: jnp.tile(x, (m,) + (1,) * (x.ndim - 1))  # noqa: E731
+    out = logp_fn(params, tile(prompt), tile(pmask), tile(completions))
+    return out.reshape(m, b, *out.shape[1:])
+
+
 def make_member_sampler(
     model_cfg,
     *,
@@ -179,34 +195,27 @@ def make_member_sampler(
     max_new: int,
     eos_id: int | tuple[int, ...],
     pad_id: int,
-    member_fn: Callable[[Any, Any], Any] | None = None,
+    lora_alpha: float | None = None,
 ):
-    """The jitted sampler of selected pool slots (grpo_jax.policies.sampling.sample_members, vmapped):
+    """The jitted sampler of selected pool slots:
 
-        fn(stacked, idx [m], shared, prompt [B, P], pmask, keys [m], temperatures [m], top_k, top_p)
+        fn(stacked, idx [m], base, prompt [B, P], pmask, keys [m], temperatures [m], top_k, top_p)
             -> SampleOutput with a leading member axis [m, B, group, T]
 
-    The members are gathered from the stacked pool inside the jit. member_fn(member, shared) builds a
-    member's full parameters (e.g. lora.merge of the frozen base `shared` with the member's adapters);
-    default: a member is the full parameter tree (`shared` unused)."""
+    The members are gathered from the stacked pool inside the jit. Full-parameter slots (lora_alpha None,
+    `base` unused): `sampling.sample_members`, vmapped over members. LoRA-adapter slots (lora_alpha = the
+    run's alpha, `base` = the frozen base parameters): `sampling.sample_lora_members`, one batch of m*B rows
+    on the shared base (one base matmul per projection for every member, per-member low-rank deltas)."""
 
-    def fn(stacked, idx, shared, prompt, pmask, keys, temperatures, top_k, top_p):
-        def full(member):
-            return member if member_fn is None else member_fn(member, shared)
-
-        return sampling.sample_members(
-            gather(stacked, idx),
-            full,
-            model_cfg,
-            prompt,
-            pmask,
-            keys,
-            sampling.SamplingParams(temperatures, top_k, top_p),
-            group=group,
-            max_new=max_new,
-            eos_id=eos_id,
-            pad_id=pad_id,
-        )
+    def fn(stacked, idx, base, prompt, pmask, keys, temperatures, top_k, top_p):
+        sp = sampling.SamplingParams(temperatures, top_k, top_p)
+        kw = dict(group=group, max_new=max_new, eos_id=eos_id, pad_id=pad_id)
+        members = gather(stacked, idx)
+        if lora_alpha is not None:
+            return sampling.sample_lora_members(
+                base, members, lora_alpha, model_cfg, prompt, pmask, keys, sp, **kw
+            )
+        return sampling.sample_members(members, model_cfg, prompt, pmask, keys, sp, **kw)
 
     return jax.jit(fn)
 

@@ -215,6 +215,51 @@ def test_vmapped_member_sampling_equals_per_member_sampler():
         np.testing.assert_allclose(out.logp[j], ref.logp, atol=2e-5)
 
 
+def _lora_members(base, n):
+    """n rank-2 adapters with non-zero B (a fresh adapter's B = 0 would make every member the base)."""
+    out = []
+    for i in range(n):
+        ad = lora.init(base, jax.random.PRNGKey(20 + i), rank=2)
+        ad = jax.tree.map(lambda x, i=i: x + 0.3 * jax.random.normal(jax.random.PRNGKey(40 + i), x.shape), ad)
+        out.append(ad)
+    return out
+
+
+def test_batched_lora_members_equal_each_merged_model():
+    """lora.merge_members on member-major rows: one base matmul, per-member deltas; row block i is the model
+    lora.merge(base, member_i) (log-probs and sampled tokens), and the members really differ."""
+    base = tfm.init_params(CFG, jax.random.PRNGKey(0))
+    ads = _lora_members(base, 3)
+    prompt, pmask = _prompts()
+    comps = jax.random.randint(jax.random.PRNGKey(4), (B, G, T), 2, CFG.vocab_size)
+
+    def logp_fn(params, prompt, pmask, comps):
+        return tfm.token_logp(tfm.forward_grouped(params, CFG, prompt, pmask, comps)[0], comps)[0]
+
+    got = jax.jit(lambda a: pool.lora_member_logp(logp_fn, base, a, 4.0, prompt, pmask, comps))(_stack(ads))
+    one = jax.jit(lambda a: logp_fn(lora.merge(base, a, alpha=4.0), prompt, pmask, comps))
+    want = jnp.stack([one(a) for a in ads])
+    assert got.shape == (3, B, G, T)
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert float(jnp.abs(want[0] - want[1]).max()) > 1e-2  # the members are different policies
+
+    p = pool.init(ads[0], 4)
+    for i, a in enumerate(ads):
+        p = pool.push(p, a, step=i)
+    msample = pool.make_member_sampler(CFG, group=2, max_new=T, eos_id=1, pad_id=0, lora_alpha=4.0)
+    idx = jnp.array([2, 0, 1], jnp.int32)
+    keys = jax.random.split(jax.random.PRNGKey(5), 3)
+    temps = jnp.array([1.0, 1.5, 0.7])
+    out = msample(p.params, idx, base, prompt, pmask, keys, temps, jnp.int32(0), jnp.float32(1.0))
+    assert out.tokens.shape == (3, B, 2, T)
+    single = sampling.make_sampler(CFG, group=2, max_new=T, eos_id=1, pad_id=0)
+    for j, (i, t) in enumerate(zip([2, 0, 1], [1.0, 1.5, 0.7], strict=True)):
+        ref = single(lora.merge(base, ads[i], alpha=4.0), prompt, pmask, keys[j], sampling.sampling_params(t))
+        np.testing.assert_array_equal(out.tokens[j], ref.tokens)
+        np.testing.assert_allclose(out.logp[j], ref.logp, atol=2e-5)
+        np.testing.assert_array_equal(out.mask[j], ref.mask)
+
+
 # --------------------------------------------------------------------------------- reference updates
 
 

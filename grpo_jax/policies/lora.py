@@ -7,7 +7,9 @@
 B is initialised to zero, so a fresh adapter leaves the model's outputs unchanged. `merge` attaches the
 adapter leaves next to each targeted kernel (`transformer.dense` applies them); `fold` bakes them into the
 kernels (W + A B alpha / r) for export or for evaluating a stored snapshot without the extra matmuls.
-A pool of past policies can store adapters only: K x `num_params(adapters)` numbers instead of K full models.
+A pool of past policies can store adapters only: K x `num_params(adapters)` numbers instead of K full models,
+and `merge_members` evaluates M of them at once on ONE copy of the base (multi-adapter batching as in
+Punica / S-LoRA: the base matmul serves every member's rows; only the rank-r deltas are per member).
 """
 
 from __future__ import annotations
@@ -52,6 +54,26 @@ def merge(params: dict, adapters: dict, *, alpha: float = 16.0) -> dict:
         n = ad["lora_a"].shape[0]
         layers[name] = {**layers[name], **ad, "lora_scale": jnp.full((n,), scale, jnp.float32)}
     return {**params, "layers": layers}
+
+
+def merge_members(params: dict, members: dict, *, alpha: float = 16.0) -> dict:
+    """params with M stacked adapters (members: the `init` layout with a leading member axis, leaves
+    [M, L, in, r] / [M, L, r, out]) attached as lora_a [L, M, in, r] / lora_b [L, M, r, out] beside each
+    targeted kernel: the base is NOT copied per member.
+
+    The result evaluates M models at once on a batch whose rows are MEMBER-MAJOR: rows [i*N, (i+1)*N) of
+    every activation belong to member i (tile the prompts M times: `jnp.tile(prompt, (M, 1))`).
+    `transformer.dense` then computes x W for all M*N rows in one matmul and adds member i's
+    (x A_i) B_i alpha / r to its rows; row block i equals the model `merge(params, member_i)` on its rows."""
+    swapped = {
+        name: {k: jnp.swapaxes(v, 0, 1) for k, v in ad.items()} for name, ad in members["layers"].items()
+    }
+    return merge(params, {"layers": swapped}, alpha=alpha)
+
+
+def num_members(members: dict) -> int:
+    """M of a stacked adapter tree (leading member axis)."""
+    return int(next(iter(members["layers"].values()))["lora_a"].shape[0])
 
 
 def fold(params: dict, adapters: dict, *, alpha: float = 16.0) -> dict:

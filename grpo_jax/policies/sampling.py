@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.policies import lora
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.types import SampleOutput
 
@@ -236,7 +237,6 @@ def sample(
 
 def sample_members(
     members,
-    full_fn,
     cfg: tfm.TransformerConfig,
     prompt: jax.Array,
     prompt_mask: jax.Array,
@@ -248,28 +248,26 @@ def sample_members(
     eos_id: int | tuple[int, ...],
     pad_id: int,
 ) -> SampleOutput:
-    """`sample` for M policies at once (the policy pool): members is a stacked pytree [M, ...],
-    full_fn(member) gives a member's full parameters, keys [M], sp.temperature [M] (top_k / top_p shared).
+    """`sample` for M full-parameter policies at once (the policy pool): members is a stacked pytree
+    [M, ...] of full parameters, keys [M], sp.temperature [M] (top_k / top_p shared). LoRA members of one
+    base: `sample_lora_members` (no per-member copies of the base).
 
     The prefill, the decode step and the token choice are vmapped over members, but the decode while-loop is
     OUTSIDE the vmap: a while_loop under vmap with a per-member stopping condition would select (copy) the
     whole carry, KV caches included, every step. Same keys => the same tokens as `sample` per member.
-    Memory: the members' full parameters are materialised once per call (for LoRA members, M merged copies
-    of the base's projections: evaluating M distinct models needs their weights).
     Returns a SampleOutput with a leading member axis [M, B, G, T]."""
     b = prompt.shape[0]
     m = keys.shape[0]
 
     def pre(member):
-        return tfm.prefill(full_fn(member), cfg, prompt, prompt_mask, group, max_new)
+        return tfm.prefill(member, cfg, prompt, prompt_mask, group, max_new)
 
     cache, logits0 = jax.vmap(pre)(members)  # logits0 [M, B, V]
     logits = jnp.broadcast_to(logits0[:, :, None, :], (m, b, group, logits0.shape[-1]))
     choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams(0, None, None)))
-    # per-member full parameters and their per-layer split, once, outside the loop (slicing the stacked
-    # layers inside the loop body would copy every member's weights every step)
-    full = jax.vmap(full_fn)(members)
-    layers = jax.vmap(tfm.split_layers)(full)
+    # the per-layer split once, outside the loop (slicing the stacked layers inside the loop body would copy
+    # every member's weights every step)
+    layers = jax.vmap(tfm.split_layers)(members)
 
     def decode(params, layers, cache, tok, t):
         return tfm.decode_step(params, cfg, cache, tok, t, layers)
@@ -278,11 +276,60 @@ def sample_members(
         cache,
         logits,
         lambda lg, t: choose(lg, jax.vmap(lambda k: jax.random.fold_in(k, t))(keys), sp),
-        lambda c, tok, t: jax.vmap(decode, in_axes=(0, 0, 0, 0, None))(full, layers, c, tok, t),
+        lambda c, tok, t: jax.vmap(decode, in_axes=(0, 0, 0, 0, None))(members, layers, c, tok, t),
         max_new=max_new,
         eos_id=eos_id,
         pad_id=pad_id,
     )
+
+
+def sample_lora_members(
+    base,
+    adapters,
+    alpha: float,
+    cfg: tfm.TransformerConfig,
+    prompt: jax.Array,
+    prompt_mask: jax.Array,
+    keys: jax.Array,
+    sp: SamplingParams,
+    *,
+    group: int,
+    max_new: int,
+    eos_id: int | tuple[int, ...],
+    pad_id: int,
+) -> SampleOutput:
+    """`sample_members` for M LoRA members of one frozen base (adapters stacked [M, ...]): no merged copies.
+
+    The M members' prompts are ONE batch of M*B member-major rows (`lora.merge_members`), so every
+    projection is one base matmul over all rows plus per-member rank-r deltas (multi-adapter batching,
+    Punica / S-LoRA), and prefill, attention and the LM head are the plain batched sampler's. Only the
+    token choice is per member (its key, its temperature): same keys => the same tokens as `sample` with
+    `lora.merge(base, member_i)`, up to float rounding of the batched matmuls. Returns [M, B, G, T]."""
+    b = prompt.shape[0]
+    m = keys.shape[0]
+    params = lora.merge_members(base, adapters, alpha=alpha)
+    cache, logits0 = tfm.prefill(
+        params, cfg, jnp.tile(prompt, (m, 1)), jnp.tile(prompt_mask, (m, 1)), group, max_new
+    )
+    layers = tfm.split_layers(params)  # once, outside the loop
+    v = logits0.shape[-1]
+    logits = jnp.broadcast_to(logits0[:, None, :], (m * b, group, v))
+    choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams(0, None, None)))
+
+    def choose_fn(lg, t):
+        tok, lp = choose(lg.reshape(m, b, group, v), jax.vmap(lambda k: jax.random.fold_in(k, t))(keys), sp)
+        return tok.reshape(m * b, group), lp.reshape(m * b, group)
+
+    out = _decode_loop(
+        cache,
+        logits,
+        choose_fn,
+        lambda c, tok, t: tfm.decode_step(params, cfg, c, tok, t, layers),
+        max_new=max_new,
+        eos_id=eos_id,
+        pad_id=pad_id,
+    )
+    return jax.tree.map(lambda x: x.reshape(m, b, *x.shape[1:]), out)
 
 
 @functools.lru_cache(maxsize=64)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -43,7 +43,7 @@ class PoolRuntime:
         tok,
         *,
         uses_baseline: bool,
-        member_fn: Callable[[Any, Any], Any] | None,
+        lora_alpha: float | None,
         deadline_s: float,
         fmt: pipeline.PromptFormat = pipeline.PLAIN,
     ):
@@ -57,7 +57,7 @@ class PoolRuntime:
             max_new=rollout.max_new_tokens,
             eos_id=pipeline.stop_ids(tok),
             pad_id=tok.pad_id,
-            member_fn=member_fn,
+            lora_alpha=lora_alpha,
         )
         self._select = jax.jit(pool.select_members, static_argnums=3)
         noise = pcfg.explore_noise if pcfg.explore_mode == "param_noise" else 0.0

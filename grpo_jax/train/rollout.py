@@ -178,7 +178,7 @@ class CodegenRollout:
                 model_cfg,
                 tok,
                 uses_baseline=cfg.objective.baseline != "group",
-                member_fn=param_fn,
+                lora_alpha=cfg.lora.alpha if cfg.lora.enabled else None,
                 deadline_s=cfg.sandbox.deadline_s,
                 fmt=cfg.tasks.prompt,
             )
