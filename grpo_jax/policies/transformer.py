@@ -336,15 +336,9 @@ def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, d
     With cfg.qk_norm (Qwen3, transformers Qwen3Attention): q and k are RMS-normalised over Dh per head
     (weights lp["q_norm"] / lp["k_norm"] [Dh], eps = rms_eps) after the head reshape and before RoPE."""
     lead = h.shape[:-1]
-    if "qkv_proj" in lp:  # fuse_projections
-        nq, nk = cfg.n_heads * cfg.dim_head, cfg.n_kv_heads * cfg.dim_head
-        qkv = dense(h, lp["qkv_proj"], dtype)
-        q, k, v = qkv[..., :nq], qkv[..., nq : nq + nk], qkv[..., nq + nk :]
-    else:
-        q, k, v = (dense(h, lp[n], dtype) for n in ("q_proj", "k_proj", "v_proj"))
-    q = q.reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
-    k = k.reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
-    v = v.reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    q = dense(h, lp["q_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
+    k = dense(h, lp["k_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    v = dense(h, lp["v_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_eps)
@@ -356,12 +350,8 @@ def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, d
 
 def _mlp(cfg: TransformerConfig, lp: dict, x: jax.Array, dtype) -> jax.Array:
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-    if "gate_up_proj" in lp:  # fuse_projections
-        gu = dense(h, lp["gate_up_proj"], dtype)
-        g, u = gu[..., : cfg.d_ff], gu[..., cfg.d_ff :]
-    else:
-        g = dense(h, lp["gate_proj"], dtype)
-        u = dense(h, lp["up_proj"], dtype)
+    g = dense(h, lp["gate_proj"], dtype)
+    u = dense(h, lp["up_proj"], dtype)
     return x + dense(jax.nn.silu(g) * u, lp["down_proj"], dtype)
 
 
@@ -560,34 +550,10 @@ class KVCache(NamedTuple):
     prompt_len: jax.Array
 
 
-_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def fuse_projections(lp: dict) -> dict:
-    """A layer's q/k/v kernels (and biases) concatenated into one "qkv_proj" and gate/up into one
-    "gate_up_proj" (along the output axis), so a decode step makes 4 matmuls per layer instead of 7: at a few
-    dozen rows per step the matmuls are too small to fill the machine, and one wider matmul beats three narrow
-    ones. `_qkv` / `_mlp` split the fused output back; the function is the same. Projections that carry
-    LoRA adapters stay separate (their deltas are per projection)."""
-    out = dict(lp)
-    for fused, names in _FUSED.items():
-        parts = [lp[n] for n in names]
-        if any("lora_a" in p for p in parts):
-            continue
-        f = {"kernel": jnp.concatenate([p["kernel"] for p in parts], axis=-1)}
-        if "bias" in parts[0]:
-            f["bias"] = jnp.concatenate([p["bias"] for p in parts], axis=-1)
-        out[fused] = f
-        for n in names:
-            del out[n]
-    return out
-
-
 def split_layers(params: Params) -> list[dict]:
-    """The stacked layer parameters as a list of per-layer pytrees with fused projections
-    (`fuse_projections`), for the unrolled decode loop: computed once per sampler call, outside its loop."""
+    """The stacked layer parameters as a list of per-layer pytrees (for the unrolled decode loop)."""
     n = jax.tree.leaves(params["layers"])[0].shape[0]
-    return [fuse_projections(jax.tree.map(lambda a, i=i: a[i], params["layers"])) for i in range(n)]
+    return [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(n)]
 
 
 def prefill(
