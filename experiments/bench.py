@@ -19,7 +19,8 @@ step_s_median (sample + reward + train step), sampling_s_median, sampler_tokens_
 (the jitted train step: reference forward + policy forward/backward + update), reference_forward_s_median
 (timed alone, for the breakdown), step_gflop (FLOPs executed, with the prompt encoded once per group),
 step_gflop_unshared (what a trainer that repeats the prompt per sample would execute), achieved_gflops,
-fraction_of_matmul_peak, peak_rss_mb. The pool workload (experiments.pool_timing, the loop's per-step pool
+fraction_of_matmul_peak, peak_rss_mb (host), device_peak_mb (accelerators only: the device allocator's peak).
+The pool workload (experiments.pool_timing, the loop's per-step pool
 evaluation on the quickstart model, K = 16 members) prints pool_k16_logp_ratio, pool_k16_sample_ratio
 (vmapped / loop time; full-parameter members) and pool_k16_lora_logp_ratio, pool_k16_lora_sample_ratio (LoRA
 members batched on one shared base / a loop over the members folded into full models), each with its times,
@@ -53,6 +54,13 @@ flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
 flags.DEFINE_integer("group", 8, "Completions per prompt (G).", lower_bound=2)
 flags.DEFINE_integer("prompt_len", 32, "Prompt tokens (P).", lower_bound=1)
 flags.DEFINE_integer("new_tokens", 64, "New tokens per completion (T).", lower_bound=1)
+flags.DEFINE_enum(
+    "remat",
+    None,
+    ["none", "full", "dots", "dots_no_batch"],
+    "Per-layer remat policy of the train step (transformer.REMAT_POLICIES); default: the main job's "
+    "(--remat of experiments.codegen).",
+)
 flags.DEFINE_bool("matmul", True, "Measure the machine's float32 matmul GFLOP/s first.")
 flags.DEFINE_string(
     "compilation_cache",
@@ -83,7 +91,9 @@ def matmul_gflops(n: int = 1024, reps: int = 20) -> float:
     return 2 * n**3 / statistics.median(times) / 1e9
 
 
-def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: float | None):
+def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: float | None, remat: str):
+    import dataclasses
+
     import jax
     import jax.numpy as jnp
 
@@ -101,10 +111,13 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
         from grpo_jax.policies.logp import make_logp_fn
 
         cfg, params = load_pretrained("smollm2-135m-instruct")
-        policy = dict(logits_fn=None, logp_fn=make_logp_fn(cfg, 256))
     else:
         cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
         params = tfm.init_params(cfg, jax.random.PRNGKey(0))
+    cfg = dataclasses.replace(cfg, remat=remat)
+    if size == "smollm2":
+        policy = dict(logits_fn=None, logp_fn=make_logp_fn(cfg, 256))
+    else:
         policy = dict(logits_fn=transformer_logits_fn(cfg), logp_fn=None)
     state = init_state(jax.device_put(params), obj, optimizer, seed=0)
     train_step = make_train_step(
@@ -132,9 +145,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
         ref_t = time.perf_counter() - ref_t
         return state, t1 - t0, t2 - t1, t2 - t0, ref_t
 
-    t = time.perf_counter()
-    state, *_ = one_step(state, 0)
-    first = time.perf_counter() - t
+    state, _, _, first, _ = one_step(state, 0)  # sample + reward + train step (not the diagnostic ref pass)
     samp, non, tot, ref = [], [], [], []
     for i in range(steps):
         state, a, b, c, r = one_step(state, i + 1)
@@ -151,6 +162,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     unshared = G * fwd_prompt * 5 + fwd_comp * 5
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
+    common["remat"] = remat
     emit(figure="first_step_s", value=round(first, 3), **common)
     emit(figure="step_s_median", value=round(step_s, 3), **common)
     emit(figure="sampling_s_median", value=round(statistics.median(samp), 3), **common)
@@ -163,6 +175,9 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     if peak:
         emit(figure="fraction_of_matmul_peak", value=round(flops / step_s / 1e9 / peak, 3), **common)
     emit(figure="peak_rss_mb", value=round(rss_mb, 1), **common)
+    stats = jax.devices()[0].memory_stats() or {}  # accelerators: the device allocator's peak (CPU: none)
+    if "peak_bytes_in_use" in stats:
+        emit(figure="device_peak_mb", value=round(stats["peak_bytes_in_use"] / 2**20, 1), **common)
 
 
 def bench_pool(peak: float | None, k: int = 16):
@@ -217,6 +232,7 @@ def main(argv):
             ]
             args += [f"--new_tokens={FLAGS.new_tokens}", "--nomatmul"]
             args += [f"--compilation_cache={FLAGS.compilation_cache}"]
+            args += [f"--remat={FLAGS.remat}"] if FLAGS.remat else []
             env = dict(os.environ, GRPO_BENCH_PEAK=str(peak or ""))
             subprocess.run(args, check=True, env=env)
         return
@@ -226,7 +242,12 @@ def main(argv):
     if FLAGS.size == "pool":
         bench_pool(peak)
         return
-    bench_size(FLAGS.size, FLAGS.steps, FLAGS.prompts, FLAGS.group, FLAGS.prompt_len, FLAGS.new_tokens, peak)
+    from grpo_jax.config import ModelConfig
+
+    remat = FLAGS.remat or ModelConfig().remat
+    bench_size(
+        FLAGS.size, FLAGS.steps, FLAGS.prompts, FLAGS.group, FLAGS.prompt_len, FLAGS.new_tokens, peak, remat
+    )
 
 
 if __name__ == "__main__":
