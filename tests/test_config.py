@@ -203,6 +203,8 @@ def test_a_run_saved_before_the_scale_out_fields_still_resumes():
     with pytest.raises(RunConfigError, match=r"different configuration \(objective.kl_coef\)"):
         _check_resumable(cfg, saved)
     saved["objective"]["kl_coef"] = cfg.objective.kl_coef
-    saved["model"]["remat"] = True  # was full remat: a different run than remat none
-    with pytest.raises(RunConfigError, match=r"model.remat"):
+    saved["model"]["remat"] = True  # was full remat; the default is now dots_no_batch: remat may change
+    _check_resumable(cfg, saved)
+    saved["model"]["d_model"] = cfg.model.d_model * 2
+    with pytest.raises(RunConfigError, match=r"model.d_model"):
         _check_resumable(cfg, saved)

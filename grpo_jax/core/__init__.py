@@ -43,6 +43,7 @@ from grpo_jax.core.losses import (
     LossAux,
     PerTokenTerms,
     PPOAux,
+    PPOTargets,
     SurrogateAux,
     aggregate,
     clipped_surrogate,
@@ -56,9 +57,10 @@ from grpo_jax.core.losses import (
     kl_penalty,
     kl_shaped_rewards,
     ppo_loss,
+    ppo_token_advantages,
     soft_overlong_punishment,
 )
-from grpo_jax.core.metrics import global_norm, masked_mean, masked_std
+from grpo_jax.core.metrics import explained_variance, global_norm, masked_mean, masked_std
 
 __all__ = [
     "ADV_METHODS",
@@ -94,6 +96,7 @@ __all__ = [
     "LossAux",
     "PerTokenTerms",
     "PPOAux",
+    "PPOTargets",
     "SurrogateAux",
     "aggregate",
     "clipped_surrogate",
@@ -107,7 +110,9 @@ __all__ = [
     "kl_penalty",
     "kl_shaped_rewards",
     "ppo_loss",
+    "ppo_token_advantages",
     "soft_overlong_punishment",
+    "explained_variance",
     "global_norm",
     "masked_mean",
     "masked_std",

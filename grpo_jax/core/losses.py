@@ -20,6 +20,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.core.advantages import whiten
 from grpo_jax.core.metrics import masked_mean
 from grpo_jax.errors import fail
 
@@ -300,7 +301,11 @@ class GRPOLossConfig:
         },
     )
     kl_estimator: str = dataclasses.field(
-        default="k3", metadata={"help": f"KL estimator, one of {', '.join(KL_KINDS)} (DeepSeekMath: k3)."}
+        default="k3",
+        metadata={
+            "help": f"KL estimator, one of {', '.join(KL_KINDS)} (DeepSeekMath: k3); --algorithm=ppo uses "
+            "--ppo_kl_estimator instead."
+        },
     )
     kl_anchor: str = dataclasses.field(
         default="ref",
@@ -886,12 +891,15 @@ def clipped_value_loss(
     mask: jax.Array,
     *,
     eps_v: float,
+    num_items: jax.Array | float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """PPO clipped value loss (TRL ppo_trainer.py; GRPO_MATH.md §2, T8):
 
         L_V = 0.5 · mean_t max( (V − R̂)², (clip(V, V_old − ε_v, V_old + ε_v) − R̂)² )
 
     values [..., T] (differentiated), values_old, returns [..., T] (stop-gradient'ed), mask [..., T].
+    num_items: the token count the mean divides by (default the mask's; a micro-batch of a bigger batch
+    passes the whole batch's, so the micro-batch losses sum to the batch's, as `grpo_loss`'s num_items).
     Returns (loss scalar, clip_frac = masked fraction of tokens where the clipped error is the larger).
     T8: V_old 0.5, V 0.9, R̂ 1.0, ε_v 0.2 -> 0.5·max(0.01, 0.09) = 0.045.
     """
@@ -903,8 +911,61 @@ def clipped_value_loss(
     v_clip = jnp.clip(v, v_old - eps_v, v_old + eps_v)
     unclipped = jnp.square(v - ret)
     clipped = jnp.square(v_clip - ret)
-    loss = 0.5 * masked_mean(jnp.maximum(unclipped, clipped), m)
+    worst = jnp.where(m > 0, jnp.maximum(unclipped, clipped), 0.0)  # padding garbage never reaches the loss
+    if num_items is None:
+        loss = 0.5 * masked_mean(worst, m)
+    else:
+        loss = 0.5 * jnp.sum(worst * m) / jnp.maximum(_f32(num_items), 1.0)
     return loss, sg(masked_mean((clipped > unclipped).astype(jnp.float32), m))
+
+
+class PPOTargets(NamedTuple):
+    """What `ppo_token_advantages` returns, each [..., T] float32, stop-gradient'ed, 0 at masked positions."""
+
+    adv: jax.Array  # GAE advantages Â (whitened over the valid tokens when asked)
+    returns: jax.Array  # value targets R̂ = Â + V_old (from the advantages BEFORE whitening)
+    rewards: jax.Array  # per-token rewards: −β·k_t, plus the sequence score on the last valid token
+
+
+def ppo_token_advantages(
+    scores: jax.Array,
+    values_old: jax.Array,
+    mask: jax.Array,
+    *,
+    logp_old: jax.Array | None = None,
+    logp_ref: jax.Array | None = None,
+    kl_coef: jax.Array | float = 0.0,
+    kl_kind: str = "k1",
+    gamma: float = 1.0,
+    lam: float = 0.95,
+    whiten_advantages: bool = True,
+) -> PPOTargets:
+    """PPO's per-token advantages and value targets for a language model (GRPO_MATH.md §2; TRL
+    ppo_trainer.py, the RLHF recipe of Ziegler et al. 2019):
+
+        r_t  = −kl_coef · k(logp_old_t, logp_ref_t)   (+ score on the last valid token)   `kl_shaped_rewards`
+        Â, R̂ = GAE(r, V_old; γ, λ) with V after the last valid token = 0                 `gae`
+        Â    ← whiten(Â) over every valid token of the batch (masked mean / Bessel var, eps 1e-8)  `whiten`
+
+    scores [...] (the terminal reward of each sequence), values_old [..., T] (the critic at the rollout's
+    parameters), mask [..., T] prefix masks of the valid tokens; logp_old / logp_ref [..., T] or None (no
+    reference: no KL term, only the score). R̂ comes from the un-whitened Â, as in TRL.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    v = jnp.where(m > 0, sg(_f32(values_old)), 0.0)
+    if logp_ref is None:
+        lp = lr = jnp.zeros_like(m)
+        kl_coef = 0.0
+    else:
+        if logp_old is None:
+            raise ValueError("ppo_token_advantages: logp_ref needs logp_old (the rollout policy's log-probs)")
+        lp = jnp.where(m > 0, sg(_f32(logp_old)), 0.0)
+        lr = jnp.where(m > 0, sg(_f32(logp_ref)), 0.0)
+    rewards = kl_shaped_rewards(scores, lp, lr, m, kl_coef=sg(_f32(kl_coef)), kind=kl_kind)
+    adv, returns = gae(rewards, v, m, gamma=gamma, lam=lam)
+    if whiten_advantages:
+        adv = whiten(adv, m) * m
+    return PPOTargets(adv=sg(adv), returns=sg(returns), rewards=rewards)
 
 
 class PPOAux(NamedTuple):

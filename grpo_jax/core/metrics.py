@@ -1,4 +1,5 @@
-"""Small masked reductions: `masked_mean`, `masked_std`, `global_norm` (jnp, jit/vmap-safe).
+"""Small masked reductions: `masked_mean`, `masked_std`, `explained_variance`, `global_norm` (jnp,
+jit/vmap-safe).
 
 The rest of `grpo_jax.core` uses them. pass@k (host-side NumPy on evaluation counts) lives in
 `grpo_jax.codegen.passk` (NumPy only).
@@ -40,6 +41,16 @@ def masked_std(x: jax.Array, mask: jax.Array, *, ddof: int = 0, axis=None) -> ja
     var = jnp.where(m.sum(axis) > ddof, var, 0.0)
     safe = jnp.where(var > 0, var, 1.0)
     return jnp.where(var > 0, jnp.sqrt(safe), 0.0)
+
+
+def explained_variance(pred: jax.Array, target: jax.Array, mask: jax.Array) -> jax.Array:
+    """1 − Var_m(target − pred) / Var_m(target) over the valid entries (population variances; the critic's
+    explained variance as Stable-Baselines3 logs it: 1 = perfect, 0 = no better than a constant, < 0
+    worse). 0 when the target has no variance (undefined there; 0, never NaN, so logs stay finite)."""
+    target = jnp.asarray(target, jnp.float32)
+    var_t = jnp.square(masked_std(target, mask))
+    var_r = jnp.square(masked_std(target - jnp.asarray(pred, jnp.float32), mask))
+    return jnp.where(var_t > 0, 1.0 - var_r / jnp.where(var_t > 0, var_t, 1.0), 0.0)
 
 
 def global_norm(tree) -> jax.Array:

@@ -184,16 +184,21 @@ def chunked_token_logp(
     return logp.reshape(-1)[:n].reshape(lead), ent.reshape(-1)[:n].reshape(lead)
 
 
-def make_logp_fn(cfg: tfm.TransformerConfig, chunk: int):
+def make_logp_fn(cfg: tfm.TransformerConfig, chunk: int, with_values: bool = False):
     """The train step's `logp_fn(params, prompt, prompt_mask, completions, temperature) -> (logp, entropy)`
     [B, G, T] each, through `forward_grouped(return_hidden=True)` and a chunked head: the drop-in replacement
-    of `step.logp_from_logits(step.transformer_logits_fn(cfg))` that never holds [B, G, T, V] logits."""
+    of `step.logp_from_logits(step.transformer_logits_fn(cfg))` that never holds [B, G, T, V] logits.
+    with_values=True (PPO; cfg.value_head) -> (logp, entropy, values [B, G, T]) from the same forward."""
 
     def logp_fn(params, prompt, prompt_mask, completions, temperature):
-        hidden, _ = tfm.forward_grouped(params, cfg, prompt, prompt_mask, completions, return_hidden=True)
+        hidden, values = tfm.forward_grouped(
+            params, cfg, prompt, prompt_mask, completions, return_hidden=True
+        )
         w = tfm.head_weight(params, cfg)  # [D, V]
         if cfg.tie_embeddings:  # w = embedᵀ: pass wᵀ (= embed; XLA cancels the two transposes), vocab-major
-            return chunked_token_logp(hidden, w.T, completions, temperature, chunk=chunk, vocab_major=True)
-        return chunked_token_logp(hidden, w, completions, temperature, chunk=chunk)
+            out = chunked_token_logp(hidden, w.T, completions, temperature, chunk=chunk, vocab_major=True)
+        else:
+            out = chunked_token_logp(hidden, w, completions, temperature, chunk=chunk)
+        return (*out, values) if with_values else out
 
     return logp_fn

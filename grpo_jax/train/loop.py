@@ -42,6 +42,7 @@ from grpo_jax.config import (
     OptimConfig,
     RunConfig,
     from_leaves,
+    is_sft_input,
     migrate_saved,
 )
 from grpo_jax.policies import lora, sampling
@@ -134,6 +135,8 @@ def setup(cfg: RunConfig, executor: Executor, print_fn, notes) -> tuple[Run, Run
     r = build(cfg, executor, print_fn, notes)
     try:
         state = _restore(r)
+        if state is None and cfg.sft.from_workdir:
+            check_sft_source(cfg)  # before anything is logged
     except BaseException:
         _close(r)
         raise
@@ -180,11 +183,12 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     r = Run(*args, print_fn, tuple(notes), ctx, mesh, None, None, pretrained=pretrained, extra_evals=extra)
     r.template = state_template(r)
     r.state_sh = jax.tree.map(lambda a: a.sharding, r.template)
-    policy = dict(logits_fn=transformer_logits_fn(model), logp_fn=None)
+    values = model.value_head  # PPO: the critic's values come from the same forward as the log-probs
+    policy = dict(logits_fn=transformer_logits_fn(model, with_values=values), logp_fn=None)
     if cfg.model.logp_chunk:
         from grpo_jax.policies.logp import make_logp_fn
 
-        policy = dict(logits_fn=None, logp_fn=make_logp_fn(model, cfg.model.logp_chunk))
+        policy = dict(logits_fn=None, logp_fn=make_logp_fn(model, cfg.model.logp_chunk, with_values=values))
     r.train_step = make_train_step(
         policy["logits_fn"],
         cfg.objective,
@@ -343,7 +347,10 @@ def model_and_tokenizer(cfg: RunConfig, print_fn=print):
 
     t0 = time.perf_counter()
     model, params = load_pretrained(m.init_from)
-    model = dataclasses.replace(model, compute_dtype=m.compute_dtype, remat=m.remat)
+    model = dataclasses.replace(
+        model, compute_dtype=m.compute_dtype, remat=m.remat, value_head=cfg.objective.algorithm == "ppo"
+    )
+    params = with_value_head(params, model)
     if tok.vocab_size > model.vocab_size:
         raise RunConfigError(
             f"--tokenizer={m.tokenizer or m.init_from} has {tok.vocab_size} ids but the model of "
@@ -371,7 +378,26 @@ def model_config(cfg: RunConfig, tok) -> tfm.TransformerConfig:
         tie_embeddings=m.tie_embeddings,
         compute_dtype=m.compute_dtype,
         remat=m.remat,
+        value_head=cfg.objective.algorithm == "ppo",  # the critic of --algorithm=ppo (shared trunk)
     )
+
+
+def with_value_head(params: Any, model: tfm.TransformerConfig) -> Any:
+    """`params` with a zero-initialised value head (as transformer.init_params makes it) when the model has
+    one and the parameters do not (a pretrained checkpoint under --algorithm=ppo)."""
+    if not model.value_head or "value_head" in params:
+        return params
+    dt = params["final_norm"].dtype
+    head = {"kernel": np.zeros((model.d_model, 1), dt), "bias": np.zeros((1,), dt)}
+    return {**params, "value_head": head}
+
+
+def without_value_head(model: tfm.TransformerConfig, params: Any) -> tuple[tfm.TransformerConfig, Any]:
+    """The policy alone (PPO's critic dropped): what a Hugging Face causal LM can hold."""
+    if not model.value_head:
+        return model, params
+    policy = {k: v for k, v in params.items() if k != "value_head"}
+    return dataclasses.replace(model, value_head=False), policy
 
 
 def fresh_state(r: Run, params: Any) -> RunState:
@@ -439,20 +465,90 @@ def _save(r: Run, state: RunState) -> None:
 def warm_start(r: Run) -> RunState:
     """Model init and SFT on the reference solutions, the GRPO state over them, evaluation, checkpoint 0."""
     cfg, streams = r.cfg, rng_lib.streams(r.cfg.seed)
-    if r.pretrained is not None:
-        params, r.pretrained = r.pretrained, None
+    if cfg.sft.from_workdir:  # another run's post-SFT parameters (equal SFT inputs: the same parameters)
+        params = _sft_params_from(r)
     else:
-        params = tfm.init_params(r.model, rng_lib.derive(streams["init"], "model"))
-    if cfg.sft.steps:
-        params = _sft(r, params, streams["sft"])
+        if r.pretrained is not None:
+            params, r.pretrained = r.pretrained, None
+        else:
+            params = tfm.init_params(r.model, rng_lib.derive(streams["init"], "model"))
+        if cfg.sft.steps:
+            params = _sft(r, params, streams["sft"])
     state = placed_state(r, params)
     r.rollout.bind(state.frozen)
     if cfg.lora.enabled:
         n_ad, n_all = lora.num_params(state.train.params), lora.num_params(state.frozen)
         r.print(f"LoRA rank {cfg.lora.rank}: training {n_ad} adapter parameters, base ({n_all}) frozen")
+    if r.model.value_head:
+        r.print(
+            f"PPO: the critic is a value head on the policy's trunk ({r.model.d_model + 1} parameters: one "
+            f"D -> 1 projection per token; γ {cfg.objective.ppo.gamma}, λ {cfg.objective.ppo.lam}, "
+            f"vf_coef {cfg.objective.ppo.vf_coef})"
+        )
     r.results["sft"] = evaluate(r, state, "after SFT" if cfg.sft.steps else "before GRPO")
     _save(r, state)
     return state
+
+
+def check_sft_source(cfg: RunConfig) -> None:
+    """--sft_from=W: W is a run's workdir with a step-0 (post-SFT) checkpoint, and that run equals this one in
+    every field that decides the post-SFT parameters (config.SFT_INPUTS); else RunConfigError saying what."""
+    src = cfg.sft.from_workdir
+    flag = f"--sft_from={src}"
+    path = os.path.join(src, "run.json")
+    if not os.path.isfile(path):
+        raise RunConfigError(f"{flag}: no run.json there (not the workdir of a run)")
+    with open(path, encoding="utf-8") as f:
+        saved = migrate_saved(_flat(json.load(f)["config"]))
+    now = _flat(cfg.to_json())
+    diff = [k for k in sorted(set(now) | set(saved)) if is_sft_input(k) and now.get(k) != saved.get(k)]
+    if diff:
+        shown = "; ".join(f"{k}: {saved.get(k)!r} there, {now.get(k)!r} here" for k in diff[:6])
+        raise RunConfigError(
+            f"{flag}: that run's post-SFT parameters come from other settings ({shown}"
+            f"{f'; {len(diff) - 6} more' if len(diff) > 6 else ''}); give a warm-start run with the same "
+            "seed, model, SFT tasks and SFT settings, or drop --sft_from"
+        )
+    ckpts = os.path.join(src, "checkpoints")
+    if not os.path.isdir(os.path.join(ckpts, "0")):
+        kept = sorted(int(d) for d in os.listdir(ckpts) if d.isdigit()) if os.path.isdir(ckpts) else []
+        raise RunConfigError(
+            f"{flag}: no step-0 (post-SFT) checkpoint there (complete steps: {kept}); warm-start runs are "
+            "run with --steps=0, or keep step 0 with --keep_checkpoints"
+        )
+
+
+def _sft_params_from(r: Run):
+    """The post-SFT parameters of --sft_from's step-0 checkpoint (the LoRA base if that run had LoRA), as
+    host arrays of the same tree as this run's own init."""
+    src, t = r.cfg.sft.from_workdir, time.perf_counter()
+    r.pretrained = None
+    other, state = open_checkpoint(src, step=0, print_fn=lambda _: None)
+    try:
+        params = jax.device_get(state.frozen if other.cfg.lora.enabled else state.train.params)
+    finally:
+        other.rollout.close()
+        other.ckpt.close()
+    # the policy is what SFT made: a PPO source's value head (zero, SFT never trains it) is dropped, and this
+    # run's own (zero) head is added when it is PPO, so GRPO and PPO arms share one warm start
+    params = {k: v for k, v in params.items() if k != "value_head"}
+    policy = dataclasses.replace(r.model, value_head=False)
+    want = jax.eval_shape(lambda: tfm.init_params(policy, jax.random.PRNGKey(0)))
+    spec = lambda tree: (jax.tree.structure(tree), [(x.shape, x.dtype) for x in jax.tree.leaves(tree)])
+    if spec(params) != spec(want):
+        raise RunConfigError(f"--sft_from={src}: its parameters are not of this run's model (tree or shapes)")
+    params = with_value_head(params, r.model)
+    r.results["sft_from"] = src
+    try:
+        with open(os.path.join(src, "results.json"), encoding="utf-8") as f:
+            r.results["sft_final_loss"] = json.load(f)["sft_final_loss"]
+    except (OSError, ValueError, KeyError):
+        pass
+    r.print(
+        f"warm start: the post-SFT parameters of {src} (its step-0 checkpoint; SFT not repeated; "
+        f"{time.perf_counter() - t:.1f} s)"
+    )
+    return params
 
 
 def _sft(r: Run, params, key):
@@ -661,7 +757,8 @@ def export(r: Run, state: RunState, out: str, overwrite: bool = False) -> None:
     adapters = r.ctx.host(state.train.params) if r.cfg.lora.enabled else None
     if not r.ctx.is_main:
         return
-    save_pretrained(out, r.model, params, tokenizer=r.tok, overwrite=overwrite)
+    model, params = without_value_head(r.model, params)  # PPO's critic is not part of the exported policy
+    save_pretrained(out, model, params, tokenizer=r.tok, overwrite=overwrite)
     msg = f"exported the policy (step {int(state.train.step)}) as a Hugging Face checkpoint: {out}"
     if r.cfg.lora.enabled:
         peft = out.rstrip("/") + "_peft"
@@ -683,7 +780,7 @@ def params_digest(params: Any) -> str:
 def final_table(results: dict) -> str:
     sft_r, grpo_r = results.get("sft", {}), results.get("grpo", {})
     keys = [k for k in sft_r if k.startswith("pass@") or k.endswith("/pass@1")]  # incl. mbpp/, humaneval/
-    before = "after SFT" if "sft_seconds" in results else "before GRPO"
+    before = "after SFT" if "sft_seconds" in results or "sft_from" in results else "before GRPO"
     lines = ["", f"{'held-out metric':<24}{before:>12}{'after GRPO':>12}"]
     for k in keys:
         g = grpo_r.get(k)

@@ -17,6 +17,14 @@ One call does, on device:
 sampler's own log-probs (the behaviour policy) are logged as `logp_mismatch` and, with `tis_cap`, weight each
 token by sg(min(π_old/π_behaviour, C)). Later iterations (μ > 1) use the first iteration's log-probs as π_old.
 
+PPO (obj.algorithm == "ppo", GRPO_MATH.md §2): the policy function also returns the value head's V [B, G, T]
+(the critic: a D -> 1 head on the policy's trunk). V_old and π_old come from the same no-gradient values as
+GRPO's π_old (the first iteration's forward in the plain step, the pre-pass in the split step); step 2 is
+then per-token: r_t = −β·k(π_old, π_ref) + the reward on the last valid token, GAE (γ, λ, V after the last
+token = 0), R̂ = Â + V_old, Â whitened over the batch's valid tokens (`core.losses.ppo_token_advantages`),
+and the loss is `grpo_loss` on the per-token Â (the KL term off: it is in the reward) + vf_coef × the
+clipped value loss. β is the KL controller's coefficient of the step (measured on π_old, as GRPO's).
+
 Controllers: every controller is called the same way (grpo_jax.core.controllers): `applied(state, signal)`
 gives the coefficient of this step, `update(state, signal)` the next state, where `signal` is what the
 controller measures on this batch (`Controller.measures`: the mean entropy, the mean KL estimate, or none).
@@ -24,8 +32,9 @@ controller measures on this batch (`Controller.measures`: the mean entropy, the 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,8 +42,17 @@ import optax
 
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import compute_advantages, pool_baseline_advantages
-from grpo_jax.core.losses import LossAux, grpo_loss, kl_penalty, masked_quantile, soft_overlong_punishment
-from grpo_jax.core.metrics import masked_mean, masked_std
+from grpo_jax.core.losses import (
+    LossAux,
+    PPOTargets,
+    clipped_value_loss,
+    grpo_loss,
+    kl_penalty,
+    masked_quantile,
+    ppo_token_advantages,
+    soft_overlong_punishment,
+)
+from grpo_jax.core.metrics import explained_variance, masked_mean, masked_std
 from grpo_jax.core.multiscale import multi_scale_advantages
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import TrainState, make_controllers
@@ -43,23 +61,47 @@ from grpo_jax.types import GRPOBatch
 sg = jax.lax.stop_gradient
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
 # logp_fn(params, prompt, prompt_mask, completions, temperature) -> (logp [B, G, T], entropy [B, G, T])
-LogpFn = Callable[[Any, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, jax.Array]]
+# (PPO: -> (logp, entropy, values [B, G, T]))
+LogpFn = Callable[[Any, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, ...]]
+
+_NEEDS_VALUES = (
+    "make_train_step: algorithm=ppo needs the critic's values from the policy function: a model with "
+    "TransformerConfig.value_head=True and transformer_logits_fn(cfg, with_values=True) or "
+    "logp.make_logp_fn(cfg, chunk, with_values=True)"
+)
 
 
-def transformer_logits_fn(cfg: tfm.TransformerConfig) -> LogitsFn:
+def transformer_logits_fn(cfg: tfm.TransformerConfig, with_values: bool = False) -> LogitsFn:
+    """logits_fn(params, prompt, prompt_mask, completions) -> logits [B, G, T, V]; with_values=True (PPO, a
+    model with a value head) -> (logits, values [B, G, T]) from the same forward."""
+
     def fn(params, prompt, prompt_mask, completions):
+        if with_values:
+            return tfm.forward_grouped(params, cfg, prompt, prompt_mask, completions)
         return tfm.forward_grouped(params, cfg, prompt, prompt_mask, completions)[0]
 
     return fn
 
 
 def logp_from_logits(logits_fn: LogitsFn) -> LogpFn:
-    """The LogpFn of a LogitsFn: full [B, G, T, V] logits, then token log-probs and entropies."""
+    """The LogpFn of a LogitsFn: full [B, G, T, V] logits, then token log-probs and entropies (and the values
+    when the LogitsFn returns (logits, values))."""
 
     def fn(params, prompt, prompt_mask, completions, temperature):
-        return tfm.token_logp(logits_fn(params, prompt, prompt_mask, completions), completions, temperature)
+        out = logits_fn(params, prompt, prompt_mask, completions)
+        if isinstance(out, tuple):
+            logits, values = out
+            return (*tfm.token_logp(logits, completions, temperature), values)
+        return tfm.token_logp(out, completions, temperature)
 
     return fn
+
+
+class ValueAux(NamedTuple):
+    """The critic's loss diagnostics of one (micro-)batch (PPO)."""
+
+    vf_loss: jax.Array  # 0.5 · mean max((V − R̂)², (clip(V) − R̂)²), normalised like the policy loss
+    vf_clip_frac: jax.Array  # share of valid tokens where the clipped error is the larger
 
 
 def loss_mask(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
@@ -114,6 +156,8 @@ def make_train_step(
     param_fn(trainable, frozen) -> full model parameters, for states whose `params` are not the whole model
     (LoRA: `lora.merge` of the stop-gradient'ed frozen base with the adapters). The reference policy is
     `param_fn(state.ref_params, frozen)` likewise.
+    obj.algorithm == "ppo": the policy function must also return the values (logits_fn -> (logits, values),
+    logp_fn -> (logp, entropy, values); see transformer_logits_fn / logp.make_logp_fn with_values=True).
     """
     if obj.overlong_cache_len > 0 and obj.loss.max_len is None:
         raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
@@ -126,10 +170,17 @@ def make_train_step(
     anchor_is_ref = obj.loss.kl_anchor == "ref"
     n_mini, n_micro = obj.mini_batches, micro_batches
     batch_sh = None if shardings is None else shardings[1]
+    ppo = obj.algorithm == "ppo"
+    kl_kind = obj.ppo.kl_estimator if ppo else obj.loss.kl_estimator  # the KL the controllers measure
+    # PPO: the loss's KL term is off (the KL is in the rewards); its logged estimate is the reward's
+    loss_cfg = dataclasses.replace(obj.loss, kl_estimator=obj.ppo.kl_estimator) if ppo else obj.loss
 
     def token_stats(params, frozen, batch):
         full = params if param_fn is None else param_fn(params, frozen)
-        return logp_fn(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
+        out = logp_fn(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
+        if ppo and (len(out) != 3 or out[2] is None):
+            raise ValueError(_NEEDS_VALUES)
+        return out
 
     def prepare(batch: GRPOBatch):
         """(batch, finite [B, G], rewards, loss mask, advantages): a non-finite reward is a data bug, so its
@@ -141,14 +192,60 @@ def make_train_step(
         )
         rewards = total_rewards(batch, obj)  # [B,G]
         mask = loss_mask(batch, obj)  # [B,G,T]
+        if ppo:  # per-token advantages come later, from the critic's V_old (ppo_targets)
+            return batch, finite, rewards, mask, None
         return batch, finite, rewards, mask, advantages(batch.replace(rewards=rewards), obj)
 
     def measure(ent, logp, anchor, mask):
         """What the controllers can measure on this batch (Controller.measures), without gradients."""
-        kl = (
-            0.0 if anchor is None else masked_mean(kl_penalty(logp, anchor, kind=obj.loss.kl_estimator), mask)
-        )
+        kl = 0.0 if anchor is None else masked_mean(kl_penalty(logp, anchor, kind=kl_kind), mask)
         return {"entropy": sg(masked_mean(ent, mask)), "kl": sg(jnp.float32(kl)), "none": jnp.float32(0.0)}
+
+    def ppo_targets(rewards, logp_old, logp_ref, values_old, mask, kl_coef) -> PPOTargets:
+        """PPO's per-token rewards, GAE advantages (whitened) and value targets, all stop-gradient."""
+        p = obj.ppo
+        return ppo_token_advantages(
+            rewards,
+            values_old,
+            mask,
+            logp_old=logp_old,
+            logp_ref=logp_ref,
+            kl_coef=kl_coef,
+            kl_kind=p.kl_estimator,
+            gamma=p.gamma,
+            lam=p.lam,
+            whiten_advantages=p.whiten_advantages,
+        )
+
+    def ppo_objective(
+        logp, ent, values, logp_old, logp_ref, tgt, values_old, mask, ent_coef, behaviour, **norm
+    ):
+        """PPO's loss: `grpo_loss` on the per-token advantages with its KL term off + vf_coef x the clipped
+        value loss (normalised by the same token count). Returns (loss, (LossAux with the total loss,
+        ValueAux))."""
+        loss, aux = grpo_loss(
+            logp,
+            logp_old,
+            logp_ref,
+            tgt.adv,
+            mask,
+            cfg=loss_cfg,
+            kl_coef=0.0,
+            entropy_coef=ent_coef,
+            entropy=ent,
+            logp_behaviour=behaviour,
+            **norm,
+        )
+        vf, vf_clip = clipped_value_loss(
+            values,
+            values_old,
+            tgt.returns,
+            mask,
+            eps_v=obj.ppo.cliprange_value,
+            num_items=norm.get("num_items"),
+        )
+        total = loss + obj.ppo.vf_coef * vf
+        return total, (aux._replace(loss=sg(total)), ValueAux(sg(vf), vf_clip))
 
     def step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
         batch, finite, rewards, mask, adv = prepare(batch)
@@ -200,6 +297,54 @@ def make_train_step(
         coefs = dict(kl_coef=kl_coef, ent_coef=ent_coef, signals=signals, last_loss=per_it[0].loss[-1])
         return finish(state, batch, rewards, mask, adv, finite, n_samples, **updated, **coefs)
 
+    def step_ppo(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+        """The plain step for PPO: the first iteration's forward gives π_old and V_old (stop-gradient), and
+        with them β, the per-token rewards, advantages and returns, which later iterations reuse."""
+        batch, finite, rewards, mask, _ = prepare(batch)
+        logp_ref = None
+        if obj.uses_reference:
+            logp_ref = sg(token_stats(state.ref_params, frozen, batch)[0])
+        n_samples = jnp.sum(batch.group_mask)
+        logp_behaviour = batch.logp_sampler if obj.loss.uses_behaviour else None
+
+        def loss_fn(params, old, first):
+            logp, ent, values = token_stats(params, frozen, batch)
+            logp_old = jnp.where(first, sg(logp), old["logp"])
+            values_old = jnp.where(first, sg(values), old["values"])
+            signals = measure(ent, logp, logp_ref, mask)
+            kl_coef = kl_ctrl.applied(state.kl_ctrl, signals[kl_ctrl.measures])
+            ent_coef = ent_ctrl.applied(state.ent_ctrl, signals[ent_ctrl.measures])
+            fresh = ppo_targets(rewards, logp_old, logp_ref, values_old, mask, kl_coef)
+            tgt = jax.tree.map(lambda a, b: jnp.where(first, a, b), fresh, old["targets"])
+            loss, (aux, vaux) = ppo_objective(
+                logp, ent, values, logp_old, logp_ref, tgt, values_old, mask, ent_coef, logp_behaviour
+            )
+            used = {"logp": logp_old, "values": values_old, "targets": tgt}
+            return loss, (aux, vaux, used, kl_coef, ent_coef, signals)
+
+        def iteration(carry, it):
+            params, opt_state, old = carry
+            (_, (aux, vaux, old, kl_coef, ent_coef, signals)), grads = jax.value_and_grad(
+                loss_fn, has_aux=True
+            )(params, old, it == 0)
+            updates, opt_state = optimizer.update(grads, opt_state, params)
+            params = optax.apply_updates(params, updates)
+            return (params, opt_state, old), (aux, vaux, kl_coef, ent_coef, signals, optax.tree.norm(grads))
+
+        zeros = jnp.zeros(batch.completions.shape, jnp.float32)
+        old0 = {"logp": zeros, "values": zeros, "targets": PPOTargets(zeros, zeros, zeros)}
+        (params, opt_state, old), per_it = jax.lax.scan(
+            iteration, (state.params, state.opt_state, old0), jnp.arange(obj.num_iterations)
+        )
+        aux, vaux, kl_coef, ent_coef, signals, grad_norm = jax.tree.map(lambda x: x[0], per_it)
+        updated = dict(
+            params=params, opt_state=opt_state, aux=aux, logp_first=old["logp"], grad_norm=grad_norm
+        )
+        coefs = dict(kl_coef=kl_coef, ent_coef=ent_coef, signals=signals, last_loss=per_it[0].loss[-1])
+        critic = dict(targets=old["targets"], values_old=old["values"], value_aux=vaux)
+        tgt = old["targets"]
+        return finish(state, batch, rewards, mask, tgt.adv, finite, n_samples, **updated, **coefs, ppo=critic)
+
     def constrain(tree):
         """Pin a (micro-)batch's rows to the batch sharding (data x fsdp) so XLA keeps them local."""
         if batch_sh is None or not isinstance(batch_sh, jax.sharding.NamedSharding):
@@ -218,12 +363,16 @@ def make_train_step(
             )
 
         # one pass without gradients at the step's parameters: π_old, π_ref, entropies (micro-batch chunks)
+        # (PPO: and V_old)
         def stats(x):
-            lp, ent = token_stats(state.params, frozen, x)
+            out = token_stats(state.params, frozen, x)
+            lp, ent = out[0], out[1]
             ref = sg(token_stats(state.ref_params, frozen, x)[0]) if obj.uses_reference else None
+            if ppo:
+                return sg(lp), sg(ent), ref, sg(out[2])
             return sg(lp), sg(ent), ref
 
-        lp0, ent0, ref0 = _unsplit(jax.lax.map(lambda x: stats(constrain(x)), _split(batch, n_chunks)))
+        lp0, ent0, ref0, *v0 = _unsplit(jax.lax.map(lambda x: stats(constrain(x)), _split(batch, n_chunks)))
         anchor0 = ref0 if anchor_is_ref else lp0
         signals = measure(ent0, lp0, anchor0, mask)
         kl_coef = kl_ctrl.applied(state.kl_ctrl, signals[kl_ctrl.measures])
@@ -231,6 +380,11 @@ def make_train_step(
         thr = None
         if obj.loss.top_entropy_quantile < 1.0:
             thr = masked_quantile(ent0, mask, 1.0 - obj.loss.top_entropy_quantile)
+        critic = None
+        if ppo:  # over the whole rollout batch (whitening included), before it is split
+            tgt = ppo_targets(rewards, lp0, ref0, v0[0], mask, kl_coef)
+            adv = tgt.adv
+            critic = dict(targets=tgt, values_old=v0[0])
         per_row = {
             "batch": batch,
             "mask": mask,
@@ -239,9 +393,30 @@ def make_train_step(
             "logp_ref": ref0,
             "behaviour": batch.logp_sampler if obj.loss.uses_behaviour else None,
         }
+        if ppo:
+            per_row.update(returns=critic["targets"].returns, values_old=critic["values_old"])
         rows_per_mini = B // n_mini
 
         def micro_loss(params, mb, counts):
+            if ppo:
+                lp, ent, values = token_stats(params, frozen, mb["batch"])
+                tgt_mb = PPOTargets(mb["adv"], mb["returns"], jnp.zeros_like(mb["adv"]))
+                return ppo_objective(
+                    lp,
+                    ent,
+                    values,
+                    mb["logp_old"],
+                    mb["logp_ref"],
+                    tgt_mb,
+                    mb["values_old"],
+                    mb["mask"],
+                    ent_coef,
+                    mb["behaviour"],
+                    num_items=counts["tokens"],
+                    num_seqs=rows_per_mini * G,
+                    entropy_threshold=thr,
+                    entropy_items=counts["entropy_tokens"],
+                )
             lp, ent = token_stats(params, frozen, mb["batch"])
             return grpo_loss(
                 lp,
@@ -294,12 +469,19 @@ def make_train_step(
         )
         # diagnostics: the first epoch's updates (m mini-batches x k micro-batches) combined
         first = jax.tree.map(lambda x: x[:n_mini].reshape(-1, *x.shape[2:]), aux_all)
-        aux = combine_aux(first, tok_all[:n_mini].reshape(-1), obj.loss.importance_level)
+        tok_first = tok_all[:n_mini].reshape(-1)
+        if ppo:
+            (first, vfirst), aux_all = first, aux_all[0]
+            w = tok_first / jnp.maximum(tok_first.sum(), 1.0)
+            critic["value_aux"] = ValueAux(
+                vf_loss=vfirst.vf_loss.sum() / n_mini, vf_clip_frac=jnp.sum(vfirst.vf_clip_frac * w)
+            )
+        aux = combine_aux(first, tok_first, obj.loss.importance_level)
         aux = aux._replace(loss=aux.loss / n_mini, pg_loss=aux.pg_loss / n_mini)
         last_loss = jnp.sum(aux_all.loss[-1])
         updated = dict(params=params, opt_state=opt_state, aux=aux, logp_first=lp0, grad_norm=gn_all[0])
         coefs = dict(kl_coef=kl_coef, ent_coef=ent_coef, signals=signals, last_loss=last_loss)
-        return finish(state, batch, rewards, mask, adv, finite, n_samples, **updated, **coefs)
+        return finish(state, batch, rewards, mask, adv, finite, n_samples, **updated, **coefs, ppo=critic)
 
     def finish(
         state,
@@ -319,11 +501,16 @@ def make_train_step(
         ent_coef,
         signals,
         last_loss,
+        ppo=None,
     ):
-        """Controllers, reference update and metrics after the updates (both step forms)."""
+        """Controllers, reference update and metrics after the updates (both step forms). `ppo`: the
+        critic's targets, V_old and ValueAux (adv is then per token)."""
         kl_state = kl_ctrl.update(state.kl_ctrl, signals[kl_ctrl.measures], n_steps=n_samples)
         ent_state = ent_ctrl.update(state.ent_ctrl, signals[ent_ctrl.measures], n_steps=n_samples)
         ref_params, ref_due = update_reference(state.ref_params, params, state.step + 1, obj)
+        adv_tok = None
+        if ppo is not None:  # the sequence-level metrics see each sequence's mean token advantage
+            adv_tok, adv = adv, masked_mean(adv, mask, axis=-1)
         metrics = _metrics(batch, rewards, obj, mask, adv, aux, logp_first, grad_norm, opt_state)
         metrics.update(
             {
@@ -352,6 +539,12 @@ def make_train_step(
             metrics["entropy_mask/kept"] = aux.entropy_kept
         if obj.loss.objective == "vespo":
             metrics["vespo/phi_seq_mean"] = aux.phi_mean
+        outputs = {"advantages": adv, "rewards": rewards}
+        if ppo is not None:
+            metrics.update(_ppo_metrics(ppo, adv_tok, rewards, mask))
+            nan = jnp.float32(jnp.nan)  # histograms drop non-finite entries: only the valid tokens show
+            outputs["advantages"] = jnp.where(mask > 0, adv_tok, nan)
+            outputs["values"] = jnp.where(mask > 0, ppo["values_old"], nan)
         new_state = state.replace(
             step=state.step + 1,
             params=params,
@@ -360,10 +553,12 @@ def make_train_step(
             ent_ctrl=ent_state,
             ref_params=ref_params,
         )
-        return new_state, metrics, {"advantages": adv, "rewards": rewards}
+        return new_state, metrics, outputs
 
     if n_mini * n_micro > 1:
         step = step_split
+    elif ppo:
+        step = step_ppo
     if not jit:
         return step
     if shardings is None:
@@ -455,6 +650,27 @@ def _baseline_metrics(batch: GRPOBatch) -> dict[str, jax.Array]:
         "pool/group_minus_baseline": jnp.sum((g_mean - batch.baseline) * has) / n,
         # all-equal groups (no signal under the group baseline) that the pool baseline gives a signal
         "pool/frac_zero_std_with_signal": signal.sum() / jnp.maximum((zero_std * has).sum(), 1.0),
+    }
+
+
+def _ppo_metrics(ppo: dict, adv: jax.Array, scores: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """The critic's diagnostics (PPO) and the token-level advantage statistics that replace the sequence
+    ones: value loss / clip fraction of the first epoch's updates; V_old, returns and explained variance
+    (SB3: 1 − Var(R̂ − V_old) / Var(R̂)) over the valid tokens; the KL part of the reward (TRL's
+    objective/non_score_reward: Σ_t −β·k_t, mean over sequences)."""
+    tgt, v_old, vaux = ppo["targets"], ppo["values_old"], ppo["value_aux"]
+    has = (mask.sum(-1) > 0).astype(jnp.float32)
+    kl_part = tgt.rewards.sum(-1) - jnp.where(has > 0, scores, 0.0)
+    return {
+        "value/loss": vaux.vf_loss,
+        "value/clip_frac": vaux.vf_clip_frac,
+        "value/mean": masked_mean(v_old, mask),
+        "value/return_mean": masked_mean(tgt.returns, mask),
+        "value/explained_variance": explained_variance(v_old, tgt.returns, mask),
+        "reward/kl_penalty": masked_mean(kl_part, has),
+        "Training/AdvantageNorm": jnp.sqrt(masked_mean(jnp.square(adv), mask)),  # RMS over valid tokens
+        "adv/mean": masked_mean(adv, mask),
+        "adv/abs_mean": masked_mean(jnp.abs(adv), mask),
     }
 
 
