@@ -257,16 +257,6 @@ def describe(p: Point) -> str:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
 def resolve_configs(pts: list[Point], python: str, module: str) -> dict[tuple[str, str], dict]:
     """{(kind, arm or warm-start name): resolved config} of each one's first point, by `MODULE ... --dry_run`
     (all at once); GridError with the main job's own message for flags it refuses."""
@@ -301,13 +291,13 @@ def resolve_configs(pts: list[Point], python: str, module: str) -> dict[tuple[st
 
 def check_warm_starts(grid: dict, configs: dict) -> None:
     """Every arm's SFT inputs equal its warm start's (else GridError naming the fields)."""
-    from grpo_jax.config import is_sft_input
+    from grpo_jax.config import flat_dict, is_sft_input
 
     for name, a in grid["arms"].items():
         w = a.get("warm_start")
         if not w:
             continue
-        mine, theirs = _flat(configs[("run", name)]), _flat(configs[("warm", w)])
+        mine, theirs = flat_dict(configs[("run", name)]), flat_dict(configs[("warm", w)])
         diff = [
             k for k in sorted(set(mine) | set(theirs)) if is_sft_input(k) and mine.get(k) != theirs.get(k)
         ]

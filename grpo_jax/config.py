@@ -1126,6 +1126,17 @@ _LEGACY_VALUES = {"model.remat": {False: "none", True: "full"}}  # a bool before
 _REMOVED = ("mesh.model",)  # the old model-parallel axis (only 1 was ever valid): now mesh.tensor
 
 
+def flat_dict(d: dict, prefix: str = "") -> dict:
+    """A nested dict (RunConfig.to_json(), a saved run.json "config") as {dotted path: leaf value}."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat_dict(v, f"{prefix}{k}."))
+        else:
+            out[prefix + k] = v
+    return out
+
+
 def migrate_saved(flat: dict[str, Any]) -> dict[str, Any]:
     """A saved run's flattened config in today's terms: legacy values mapped, removed fields dropped, fields
     added since filled with their defaults (a run saved before a field existed ran with its default)."""

@@ -380,11 +380,11 @@ def _warm_start_as_the_main_job_leaves_it(point: sweep.Point, cfg_json: dict):
     import jax
 
     from grpo_jax import rng
-    from grpo_jax.config import from_leaves
+    from grpo_jax.config import flat_dict, from_leaves
     from grpo_jax.policies import transformer as tfm
     from grpo_jax.train import loop
 
-    cfg = from_leaves({k: loop._tuples(v) for k, v in loop._flat(cfg_json).items()})
+    cfg = from_leaves({k: loop._tuples(v) for k, v in flat_dict(cfg_json).items()})
     r = loop.build(cfg, None, print_fn=lambda _: None)
     streams = rng.streams(cfg.seed)
     params = loop._sft(r, tfm.init_params(r.model, rng.derive(streams["init"], "model")), streams["sft"])

@@ -41,6 +41,7 @@ from grpo_jax.config import (
     MeshConfig,
     OptimConfig,
     RunConfig,
+    flat_dict,
     from_leaves,
     is_sft_input,
     migrate_saved,
@@ -268,7 +269,9 @@ def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tu
     the configuration the run saved — for export and inspection. Close with `r.ckpt.close()`."""
     with open(os.path.join(workdir, "run.json"), encoding="utf-8") as f:
         saved = json.load(f)["config"]
-    cfg = from_leaves({**{k: _tuples(v) for k, v in migrate_saved(_flat(saved)).items()}, "workdir": workdir})
+    cfg = from_leaves(
+        {**{k: _tuples(v) for k, v in migrate_saved(flat_dict(saved)).items()}, "workdir": workdir}
+    )
     # this process's devices, whatever mesh and processes the run had (the checkpoint does not depend on them)
     cfg = dataclasses.replace(cfg, mesh=MeshConfig(), dist=DistConfig())
     r = build(cfg, None, print_fn)
@@ -432,18 +435,8 @@ def _restore(r: Run) -> RunState | None:
     return state
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[prefix + k] = v
-    return out
-
-
 def _check_resumable(cfg: RunConfig, saved: dict) -> None:
-    now, old = _flat(cfg.to_json()), migrate_saved(_flat(saved))
+    now, old = flat_dict(cfg.to_json()), migrate_saved(flat_dict(saved))
     diff = sorted(k for k in set(now) | set(old) if k not in RESUMABLE_CHANGES and now.get(k) != old.get(k))
     if diff:
         raise RunConfigError(
@@ -499,8 +492,8 @@ def check_sft_source(cfg: RunConfig) -> None:
     if not os.path.isfile(path):
         raise RunConfigError(f"{flag}: no run.json there (not the workdir of a run)")
     with open(path, encoding="utf-8") as f:
-        saved = migrate_saved(_flat(json.load(f)["config"]))
-    now = _flat(cfg.to_json())
+        saved = migrate_saved(flat_dict(json.load(f)["config"]))
+    now = flat_dict(cfg.to_json())
     diff = [k for k in sorted(set(now) | set(saved)) if is_sft_input(k) and now.get(k) != saved.get(k)]
     if diff:
         shown = "; ".join(f"{k}: {saved.get(k)!r} there, {now.get(k)!r} here" for k in diff[:6])
