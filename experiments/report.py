@@ -1,8 +1,8 @@
 """A markdown report with plots of a sweep's runs: per-arm means with 95 % intervals, paired differences.
 
-    python -m experiments.report runs/sparse_rewards                       # -> runs/sparse_rewards/report/
-    python -m experiments.report runs/sparse_rewards --baseline=baseline --out=docs/study
-    python -m experiments.report runs/sparse_rewards --threshold=0.40      # + completions to pass@1 >= 0.40
+    python -m experiments.report runs/seed_claims                          # -> runs/seed_claims/report/
+    python -m experiments.report runs/seed_claims --baseline=grpo --out=docs/study
+    python -m experiments.report runs/seed_claims --threshold=0.40         # + completions to pass@1 >= 0.40
     python -m experiments.report runs/ablate                               # launch/ablate.sh's <arm>_s<seed>
 
 Runs: the arms and seeds of RUNS_DIR/manifest.json (experiments.sweep) with workdirs RUNS_DIR/<arm>/s<seed>;
@@ -15,7 +15,9 @@ Numbers, per arm over its seeds (grpo_jax.stats): the mean with a 95 % percentil
 (bootstrap over the pairs), with the count of seeds where the arm is better. Metrics: held-out greedy pass@1
 and sampled pass@k after GRPO (results.json "grpo"), held-out pass@1 after SFT ("sft": with a shared warm
 start it is the same in every arm), the training reward averaged over the last `--last_steps` steps
-(metrics.jsonl "reward") and the median GRPO step time. `--threshold=T`: completions sampled until the
+(metrics.jsonl "reward"), the median GRPO step time and the memory peaks by the last GRPO step (results.json
+"memory_grpo_this_process": host RSS, and the device allocator's peak on accelerators; older runs have
+none). `--threshold=T`: completions sampled until the
 held-out `--threshold_metric` first reached T (the evaluated steps of metrics.jsonl × prompts_per_step ×
 group_size: the nominal count; dynamic-sampling refills and pool members sample more), the rate of seeds
 that reached it with a Wilson interval. `--collapse_entropy=H`: a run collapsed when its mean policy entropy
@@ -474,7 +476,17 @@ def write_report(
             None,
             lambda r: last_mean(r, "reward", last_steps),
         ),
-        ("median GRPO step time (s)", None, lambda r: r.results.get("median_step_s_this_process")),
+        ("median GRPO step time (s)", "step_s", lambda r: r.results.get("median_step_s_this_process")),
+        (
+            "peak host memory by the last GRPO step (RSS, MiB)",
+            "host_peak_rss_mb",
+            lambda r: r.results.get("memory_grpo_this_process", {}).get("memory/host_peak_rss_mb"),
+        ),
+        (
+            "peak device memory by the last GRPO step (allocator, MiB)",
+            "device_peak_mb",
+            lambda r: r.results.get("memory_grpo_this_process", {}).get("memory/device_peak_mb"),
+        ),
     ]
     n_fin = sum(len(v) for v in study.runs.values())
     cmd = f"python -m experiments.report {runs_dir} --baseline={baseline}"
@@ -517,7 +529,7 @@ def write_report(
         values = metric_values(study, fn)
         if not any(values.values()):
             continue
-        fmt = ".2f" if "time" in title else ".3f"
+        fmt = ".2f" if "time" in title else ".0f" if "MiB" in title else ".3f"
         md += ["", f"## {title}", "", metric_table(values, baseline, resamples, fmt)]
         if slug:
             png = f"bars_{slug}.png"

@@ -1,6 +1,6 @@
 """A sweep: every arm of a grid over every seed, one workdir per point, resumable, N runs at a time.
 
-    python -m experiments.sweep --grid=experiments/sweeps/sparse_rewards.json --runs_dir=runs/sparse
+    python -m experiments.sweep --grid=experiments/sweeps/seed_claims.json --runs_dir=runs/seed_claims
     python -m experiments.sweep --grid=G.json --runs_dir=DIR --dry_run      # the plan and each point's state
     python -m experiments.sweep --grid=G.json --runs_dir=DIR --parallel=2
     python -m experiments.report DIR                                        # tables and plots of the runs

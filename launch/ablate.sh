@@ -6,7 +6,7 @@
 #   bash launch/ablate.sh baseline 0 1 2
 # Runs resume if interrupted (same workdir). Uses .venv/bin/python if present, else python3.
 # Studies (many seeds, several arms, one shared SFT warm start per seed, intervals and plots) use the sweep
-# runner instead: python -m experiments.sweep --grid=experiments/sweeps/sparse_rewards.json --runs_dir=DIR,
+# runner instead: python -m experiments.sweep --grid=experiments/sweeps/seed_claims.json --runs_dir=DIR,
 # then python -m experiments.report DIR (which also reads this script's runs/ablate/<mechanism>_s<seed>).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -55,8 +55,14 @@ def test_run_leaves_events_jsonl_checkpoints_and_results(uninterrupted):
         "time/train_s",
         "sandbox/programs_per_s",
         "sandbox/child_checked_frac",
+        "memory/host_peak_rss_mb",
     ):
         assert key in train_lines[-1], key
+    # the memory peaks are monotone high-water marks: the one by the last GRPO step is in results.json and
+    # the one after the final evaluation is no smaller (a jax process holds well over 50 MiB)
+    grpo_peak = results["memory_grpo_this_process"]["memory/host_peak_rss_mb"]
+    assert grpo_peak == train_lines[-1]["memory/host_peak_rss_mb"] > 50
+    assert results["memory_this_process"]["memory/host_peak_rss_mb"] >= grpo_peak
     # the procedural suite is parent-graded throughout; every problem got a limit from its reference
     assert train_lines[-1]["sandbox/child_checked_frac"] == 0.0
     assert "time limits: per problem 0.50–" in proc.stdout  # the 0.5 s floor: references take ms

@@ -17,6 +17,7 @@ from grpo_jax.train.logging import (
     PassRateTable,
     Progress,
     format_duration,
+    memory_metrics,
     read_events,
     read_histograms,
     read_texts,
@@ -229,3 +230,23 @@ def test_pass_rate_table():
     with pytest.raises(ValueError, match="2 task_ids but 1 passed"):
         t.update(["a", "b"], [True])
     assert PassRateTable().summary() == {"n_problems_seen": 0, "n_ever_solved": 0, "mean_pass_rate": 0.0}
+
+
+def test_memory_metrics_host_peak_and_device_allocator_peak():
+    class Dev:
+        def __init__(self, stats):
+            self.stats = stats
+
+        def memory_stats(self):
+            return self.stats
+
+    import resource
+
+    host = memory_metrics(devices=[])  # CPU-like: no device figure at all
+    assert set(host) == {"memory/host_peak_rss_mb"}
+    # ru_maxrss is KiB on Linux: the figure is it / 1024 (read right after, the peak cannot have fallen)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 >= host["memory/host_peak_rss_mb"] > 10
+    # accelerators: the largest allocator peak over the devices, in MiB; a device without the key is skipped
+    devs = [Dev({"peak_bytes_in_use": 3 * 2**20}), Dev(None), Dev({"peak_bytes_in_use": 5 * 2**20 + 2**19})]
+    assert memory_metrics(devices=devs)["memory/device_peak_mb"] == 5.5
+    assert "memory/device_peak_mb" not in memory_metrics(devices=[Dev({}), Dev(None)])

@@ -259,14 +259,23 @@ def _codegen(*args):
 def test_main_job_with_ppo_logs_the_critic_and_resumes(tmp_path):
     """A 3-step PPO run of the main job logs finite critic metrics every step; with its step-3 checkpoint
     removed (as if killed during step 3) the same command resumes from step 2 and ends bit-identical; the
-    Hugging Face export holds the policy without the value head."""
+    Hugging Face export holds the policy without the value head. It starts from a GRPO run's warm start
+    (--steps=0, no value head there), as the sweep's PPO arms do: the policy is taken, the critic added."""
+    eval_args = ("--eval_samples=0", "--eval_ks=")  # greedy pass@1 only: evaluation is not under test here
+    warm = tmp_path / "warm"
+    grpo_sft = _codegen(f"--workdir={warm}", "--steps=0", *eval_args)
+    assert grpo_sft.returncode == 0, grpo_sft.stderr[-3000:]
     wd = tmp_path / "run"
     args = (f"--workdir={wd}", "--algorithm=ppo", "--kl_coef=0.05", "--checkpoint_every=1", "--steps=3")
-    args += ("--eval_samples=0", "--eval_ks=")  # greedy pass@1 only: evaluation is not under test here
+    args += (*eval_args, f"--sft_from={warm}")
     full = _codegen(*args)
     assert full.returncode == 0, full.stderr[-3000:]
     assert "PPO: the critic is a value head on the policy's trunk (33 parameters" in full.stdout
+    assert f"warm start: the post-SFT parameters of {warm}" in full.stdout
     first = json.loads((wd / "results.json").read_text())
+    # the same post-SFT policy as the GRPO warm start: its greedy held-out evaluation is the same
+    same = lambda ev: {k: v for k, v in ev.items() if k != "seconds"}  # noqa: E731
+    assert same(first["sft"]) == same(json.loads((warm / "results.json").read_text())["sft"])
     shutil.rmtree(wd / "checkpoints" / "3")
     (wd / "results.json").unlink()
     resumed = _codegen(*args, "--export_hf")

@@ -58,6 +58,7 @@ def _write_run(runs, arm: str, seed: int, finished: bool = True) -> None:
             "grpo": {"pass@1": p1, "pass@8": p8_after, "pass@1/sampled": p1 / 2},
             "grpo_eval_step": STEPS,
             "median_step_s_this_process": 0.5 if arm == "baseline" else 0.7,
+            "memory_grpo_this_process": {"memory/host_peak_rss_mb": 900.0 + 10 * seed + (60 if arm == "mech" else 0)},
             "steps": STEPS,
             "config": cfg,
         }
@@ -113,6 +114,11 @@ def test_report_numbers_plots_and_identical_regeneration(runs):
     assert _row(md, reward, "baseline")[2] == "0.655"
     assert _row(md, reward, "mech")[2:5:2] == ["0.655", "+0.050"]
     assert _row(md, "median GRPO step time (s)", "mech")[2:5:2] == ["0.70", "+0.20"]
+    # host memory: 900 + 10·seed (+60 for mech): baseline over seeds 0-4 920, mech over 0-3 975, Δ +60;
+    # no run has a device figure (CPU), so there is no device-memory table
+    rss = "peak host memory by the last GRPO step (RSS, MiB)"
+    assert _row(md, rss, "baseline")[2] == "920" and _row(md, rss, "mech")[2:7:2] == ["975", "+60", "4/4"]
+    assert "peak device memory" not in md
     # completions to held-out pass@1 >= 0.3: baseline s0 at step 6 (6 x 16 x 8 = 768), s2 at the end (12 x 128
     # = 1 536); s1, s3, s4 end below it: median of 768, 1 536, inf, inf, inf = inf. mech: s0 (0.31) and s2
     # (0.43) at the end, median of 1 536, 1 536, inf, inf = inf
@@ -139,8 +145,10 @@ def test_report_numbers_plots_and_identical_regeneration(runs):
 
     pngs = re.findall(r"\]\(([^)]+\.png)\)", md)
     assert sorted(pngs) == [
+        "bars_host_peak_rss_mb.png",
         "bars_pass_at_1.png",
         "bars_pass_at_8.png",
+        "bars_step_s.png",
         "curve_eval_pass_at_1.png",
         "curve_reward.png",
     ]

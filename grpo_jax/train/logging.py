@@ -24,6 +24,7 @@ import json
 import math
 import os
 import platform
+import resource
 import socket
 import struct
 import subprocess
@@ -90,6 +91,26 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def memory_metrics(devices: Sequence[Any] | None = None) -> dict[str, float]:
+    """This process's memory peaks so far, in MiB: `memory/host_peak_rss_mb` (the OS's high-water mark of the
+    resident set, `getrusage` ru_maxrss: monotone over the process's life, so SFT and evaluations count too)
+    and, on accelerators whose runtime reports it, `memory/device_peak_mb` (the largest of the devices'
+    allocator peaks, `memory_stats()["peak_bytes_in_use"]`; absent on CPU). `devices` defaults to this
+    process's local devices."""
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB (macOS reports bytes)
+    rss_mb = rss_kb / 2**20 if sys.platform == "darwin" else rss_kb / 1024
+    out = {"memory/host_peak_rss_mb": float(rss_mb)}
+    if devices is None:
+        import jax  # noqa: PLC0415  (this module is host-only; jax is needed only here)
+
+        devices = jax.local_devices()
+    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
+    peaks = [p for p in peaks if p is not None]
+    if peaks:
+        out["memory/device_peak_mb"] = float(max(peaks)) / 2**20
+    return out
 
 
 def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:

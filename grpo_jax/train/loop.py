@@ -51,7 +51,13 @@ from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.train import distributed, sft, sharding
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
-from grpo_jax.train.logging import MetricsLogger, PassRateTable, Progress, write_json_atomic
+from grpo_jax.train.logging import (
+    MetricsLogger,
+    PassRateTable,
+    Progress,
+    memory_metrics,
+    write_json_atomic,
+)
 from grpo_jax.train.rollout import make_rollout
 from grpo_jax.train.state import RunState, init_state, make_optimizer
 from grpo_jax.train.step import make_train_step, transformer_logits_fn
@@ -91,6 +97,7 @@ class Run:
     results: dict = dataclasses.field(default_factory=dict)
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     step_times: list = dataclasses.field(default_factory=list)
+    memory_after_steps: dict = dataclasses.field(default_factory=dict)  # memory_metrics() at the last step
 
 
 class NullLogger:
@@ -620,6 +627,8 @@ def grpo_step(r: Run, state: RunState, progress: Progress) -> RunState:
     m.update(info.metrics)
     m.update({"time/rollout_s": t1 - t0, "time/train_s": t2 - t1, "time/rollout_wait_s": t3 - t2})
     m["time/step_s"] = t3 - t0
+    r.memory_after_steps = memory_metrics()  # peaks so far (host RSS; device allocator on accelerators)
+    m.update(r.memory_after_steps)
     n = step + 1
     r.logger.scalars(n, m)
     if n % r.cfg.log.every == 0 or n == r.cfg.steps:
@@ -718,6 +727,8 @@ def finish(r: Run, state: RunState) -> dict:
         )
     if r.step_times:
         res["median_step_s_this_process"] = float(np.median(r.step_times))
+        res["memory_grpo_this_process"] = r.memory_after_steps  # peaks at the last GRPO step, before the final eval
+    res["memory_this_process"] = memory_metrics()  # peaks including SFT and every evaluation
     if r.cfg.checkpoint.export_hf:
         out = os.path.join(r.cfg.workdir, "hf")
         export(r, state, out, overwrite=True)  # the run's own export (an extended run replaces it)
