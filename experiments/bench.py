@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -100,6 +99,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     from grpo_jax.config import ObjectiveConfig, OptimConfig
     from grpo_jax.policies import sampling
     from grpo_jax.policies import transformer as tfm
+    from grpo_jax.train.logging import memory_metrics
     from grpo_jax.train.state import init_state, make_optimizer
     from grpo_jax.train.step import logp_from_logits, make_train_step, transformer_logits_fn
     from grpo_jax.types import batch_from_samples
@@ -160,7 +160,6 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     fwd = fwd_prompt + fwd_comp
     flops = fwd + fwd + 3 * fwd  # sampling, reference, policy fwd+bwd
     unshared = G * fwd_prompt * 5 + fwd_comp * 5
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
     common["remat"] = remat
     emit(figure="first_step_s", value=round(first, 3), **common)
@@ -174,10 +173,10 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     emit(figure="achieved_gflops", value=round(flops / step_s / 1e9, 2), **common)
     if peak:
         emit(figure="fraction_of_matmul_peak", value=round(flops / step_s / 1e9 / peak, 3), **common)
-    emit(figure="peak_rss_mb", value=round(rss_mb, 1), **common)
-    stats = jax.devices()[0].memory_stats() or {}  # accelerators: the device allocator's peak (CPU: none)
-    if "peak_bytes_in_use" in stats:
-        emit(figure="device_peak_mb", value=round(stats["peak_bytes_in_use"] / 2**20, 1), **common)
+    mem = memory_metrics()  # accelerators: also the device allocator's peak (CPU: none)
+    emit(figure="peak_rss_mb", value=round(mem["memory/host_peak_rss_mb"], 1), **common)
+    if "memory/device_peak_mb" in mem:
+        emit(figure="device_peak_mb", value=round(mem["memory/device_peak_mb"], 1), **common)
 
 
 def bench_pool(peak: float | None, k: int = 16):

@@ -58,7 +58,7 @@ def _write_run(runs, arm: str, seed: int, finished: bool = True) -> None:
             "grpo": {"pass@1": p1, "pass@8": p8_after, "pass@1/sampled": p1 / 2},
             "grpo_eval_step": STEPS,
             "median_step_s_this_process": 0.5 if arm == "baseline" else 0.7,
-            "memory_grpo_this_process": {"memory/host_peak_rss_mb": 900.0 + 10 * seed + (60 if arm == "mech" else 0)},
+            "memory_grpo_this_process": {"memory/host_peak_rss_mb": 900.0 + 10 * seed + 60 * (arm == "mech")},
             "steps": STEPS,
             "config": cfg,
         }

@@ -727,7 +727,8 @@ def finish(r: Run, state: RunState) -> dict:
         )
     if r.step_times:
         res["median_step_s_this_process"] = float(np.median(r.step_times))
-        res["memory_grpo_this_process"] = r.memory_after_steps  # peaks at the last GRPO step, before the final eval
+        # the memory peaks at the last GRPO step, before the final evaluation
+        res["memory_grpo_this_process"] = r.memory_after_steps
     res["memory_this_process"] = memory_metrics()  # peaks including SFT and every evaluation
     if r.cfg.checkpoint.export_hf:
         out = os.path.join(r.cfg.workdir, "hf")
