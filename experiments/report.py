@@ -15,14 +15,14 @@ Numbers, per arm over its seeds (grpo_jax.stats): the mean with a 95 % percentil
 (bootstrap over the pairs), with the count of seeds where the arm is better. Metrics: held-out greedy pass@1
 and sampled pass@k after GRPO (results.json "grpo"), held-out pass@1 after SFT ("sft": with a shared warm
 start it is the same in every arm), the training reward averaged over the last `--last_steps` steps
-(metrics.jsonl "reward"), the median GRPO step time and the memory peaks by the last GRPO step (results.json
-"memory_grpo_this_process": host RSS, and the device allocator's peak on accelerators; older runs have
-none). `--threshold=T`: completions sampled until the
-held-out `--threshold_metric` first reached T (the evaluated steps of metrics.jsonl × prompts_per_step ×
-group_size: the nominal count; dynamic-sampling refills and pool members sample more), the rate of seeds
-that reached it with a Wilson interval. `--collapse_entropy=H`: a run collapsed when its mean policy entropy
-over the last `--last_steps` steps is below H and its final held-out pass@k (`--collapse_k`, default the
-largest k evaluated) is below its post-SFT value; the rate over seeds with a Wilson interval.
+(metrics.jsonl "reward") and the policy entropy over the same steps, the median GRPO step time and the memory
+peaks by the last GRPO step (results.json "memory_grpo_this_process": host RSS, and the device allocator's
+peak on accelerators; older runs have none). `--threshold=T`: completions sampled until the held-out
+`--threshold_metric` first reached T (the evaluated steps of metrics.jsonl × prompts_per_step × group_size:
+the nominal count; dynamic-sampling refills and pool members sample more), the rate of seeds that reached it
+with a Wilson interval. `--collapse_entropy=H`: a run collapsed when its mean policy entropy over the last
+`--last_steps` steps is below H and its final held-out pass@k (`--collapse_k`, default the largest k
+evaluated) is below its post-SFT value; the rate over seeds with a Wilson interval.
 
 Plots (matplotlib, Agg, PNG next to report.md): learning curves of the training reward and of the held-out
 metric per step (mean over seeds, 95 % bootstrap band), and bar charts of the final metrics and of the
@@ -475,6 +475,11 @@ def write_report(
             f"training reward, mean of the last {last_steps} steps",
             None,
             lambda r: last_mean(r, "reward", last_steps),
+        ),
+        (
+            f"policy entropy, mean of the last {last_steps} steps",
+            None,
+            lambda r: last_mean(r, "entropy", last_steps),
         ),
         ("median GRPO step time (s)", "step_s", lambda r: r.results.get("median_step_s_this_process")),
         (

@@ -113,6 +113,10 @@ def test_report_numbers_plots_and_identical_regeneration(runs):
     reward = "training reward, mean of the last 10 steps"
     assert _row(md, reward, "baseline")[2] == "0.655"
     assert _row(md, reward, "mech")[2:5:2] == ["0.655", "+0.050"]
+    # entropy 0.2, but 0.01 for mech s1 and baseline s2: baseline (4·0.2 + 0.01) / 5 = 0.162, mech over seeds
+    # 0-3 0.1525 (printed 0.152 or 0.153 by rounding), paired Δ (0 − 0.19 + 0.19 + 0) / 4 = 0
+    ent = "policy entropy, mean of the last 10 steps"
+    assert _row(md, ent, "baseline")[2] == "0.162" and _row(md, ent, "mech")[4] in ("+0.000", "-0.000")
     assert _row(md, "median GRPO step time (s)", "mech")[2:5:2] == ["0.70", "+0.20"]
     # host memory: 900 + 10·seed (+60 for mech): baseline over seeds 0-4 920, mech over 0-3 975, Δ +60;
     # no run has a device figure (CPU), so there is no device-memory table
