@@ -244,7 +244,7 @@ def _ci(e: stats.Estimate, fmt: str) -> str:
 
 
 def metric_table(values: dict[str, dict[int, float]], baseline: str, resamples: int, fmt: str = ".3f") -> str:
-    head = ["arm", "n", "mean", "95 % CI", f"Δ vs {baseline}", "95 % CI of Δ", "seeds better"]
+    head = ["arm", "n", "mean", "95 % CI", f"Δ vs {baseline}", "95 % CI of Δ", "seeds Δ > 0"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base = values.get(baseline, {})
     for arm, vals in values.items():
@@ -514,9 +514,10 @@ def write_report(
         f"({', '.join(map(str, study.seeds))}); runs from {study.source}. Baseline arm: **{baseline}**.",
         "",
         f"Intervals: 95 % percentile bootstrap over seeds ({resamples} resamples, RNG seed 0; "
-        f"grpo_jax.stats). Δ = arm − {baseline} paired by seed, over the seeds both finished; 'seeds better' "
-        "counts Δ > 0. With few seeds the percentile bootstrap tends to be too narrow (it cannot reach "
-        "beyond the values seen).",
+        f"grpo_jax.stats). Δ = arm − {baseline} paired by seed, over the seeds both finished; 'seeds Δ > 0' "
+        "counts the seeds where the arm's value is the higher one (better for pass rates and reward, worse "
+        "for time and memory). With few seeds the percentile bootstrap tends to be too narrow (it cannot "
+        "reach beyond the values seen).",
         "",
         f"Regenerate: `{cmd}`",
     ]
