@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGS = "--flagfile=experiments/flagfiles/dist_test.flags"
-NOISY = ("time", "throughput/", "sandbox/programs_per_s")  # host timings and clocks, not results
+NOISY = ("time", "throughput/", "sandbox/programs_per_s", "memory/")  # host timings, clocks, memory peaks
 TOL = 1e-6
 
 
