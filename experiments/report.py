@@ -12,7 +12,7 @@ evaluation ("grpo"); the others are listed as missing and left out of every numb
 
 Numbers, per arm over its seeds (grpo_jax.stats): the mean with a 95 % percentile-bootstrap interval
 (`--resamples`, RNG seed 0), and the paired difference arm − baseline over the seeds both arms finished
-(bootstrap over the pairs), with the count of seeds where the arm is better. Metrics: held-out greedy pass@1
+(bootstrap over the pairs), with the count of seeds where Δ > 0. Metrics: held-out greedy pass@1
 and sampled pass@k after GRPO (results.json "grpo"), held-out pass@1 after SFT ("sft": with a shared warm
 start it is the same in every arm), the training reward averaged over the last `--last_steps` steps
 (metrics.jsonl "reward") and the policy entropy over the same steps, the median GRPO step time and the memory
