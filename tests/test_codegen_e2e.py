@@ -153,8 +153,8 @@ def _check_export(wd):
     import torch
     import transformers
 
-    from grpo_jax.models.pretrained import load_pretrained, load_tokenizer
     from grpo_jax.policies import transformer as tfm
+    from grpo_jax.pretrained.api import load_pretrained, load_tokenizer
     from grpo_jax.train import loop
 
     r, state = loop.open_checkpoint(str(wd), print_fn=lambda s: None)

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from conftest import smollm2_gguf_path
 
-from grpo_jax.models.gguf import load_gguf, unpermute_qk
 from grpo_jax.policies.transformer import TransformerConfig, forward, init_params
+from grpo_jax.pretrained.gguf import load_gguf, unpermute_qk
 
 gguf = pytest.importorskip("gguf")
 
@@ -91,7 +91,7 @@ def test_smollm2_config(smollm2):
 
 @needs_smollm2
 def test_smollm2_logits_match_transformers(smollm2, hf_smollm2):
-    from grpo_jax.models.tokenizers import load_tokenizer
+    from grpo_jax.tokenization import load_tokenizer
 
     cfg, params, _ = smollm2
     tok = load_tokenizer(GGUF_PATH)

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out (grpo_jax.models.hf): parity with transformers, the contract.
+"""Hugging Face checkpoints in and out (grpo_jax.pretrained.hf): parity with transformers, the contract.
 
 Every checkpoint is built here with transformers from a small random config (no hub), with EVERY weight
 perturbed (biases non-zero, norm weights != 1), saved with save_pretrained, loaded with load_hf and run
@@ -22,10 +22,10 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from grpo_jax.models import hf as hfm  # noqa: E402
-from grpo_jax.models import safetensors_io  # noqa: E402
 from grpo_jax.policies import lora  # noqa: E402
 from grpo_jax.policies import transformer as tfm  # noqa: E402
+from grpo_jax.pretrained import hf as hfm  # noqa: E402
+from grpo_jax.pretrained import safetensors_io  # noqa: E402
 
 S, PAD = 520, 37  # sequence length; left padding of row 1
 TOL = 2e-4

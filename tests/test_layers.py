@@ -44,7 +44,8 @@ RULES = {
     "core":      Rule("core/*",     ONLY,  ("core", "errors")),
     "policies":  Rule("policies/*", ONLY,  ("core", "policies", *NEUTRAL)),
     "sandbox":   Rule("sandbox/*",  ONLY,  ("sandbox",)),
-    "models":    Rule("models/*",   ONLY,  ("core", "policies", "models", "codegen.tokenizer", *NEUTRAL)),
+    "pretrained": Rule("pretrained/*", ONLY, ("core", "policies", "pretrained", "tokenization", *NEUTRAL)),
+    "tokenization": Rule("tokenization/*", ONLY, ("tokenization",)),
     "problem":   Rule("problem.py", ONLY,  ("sandbox.types",)),
     "codegen":   Rule("codegen/*",  NEVER, ("train", "policies", "core", "pool", "config")),
     "envs":      Rule("envs/*",     NEVER, ("train", "config")),
@@ -54,7 +55,7 @@ RULES = {
 # fmt: on
 
 # Host-side packages: every module in them is checked for JAX, whatever its docstring says.
-NO_JAX_PACKAGES = ("grpo_jax.sandbox", "grpo_jax.codegen")
+NO_JAX_PACKAGES = ("grpo_jax.sandbox", "grpo_jax.codegen", "grpo_jax.tokenization")
 NO_JAX_MODULES = ("grpo_jax.problem",)
 # A docstring that says one of these about its own module is a promise this test holds it to.
 NO_JAX_CLAIM = re.compile(r"\bno JAX\b|never imports? (?:grpo_jax or )?jax\b|without JAX", re.IGNORECASE)
@@ -140,6 +141,76 @@ def test_layer_rule(rule_id):
     what = " ".join(f"grpo_jax/{f}" for f in patterns) + f" {rule.kind} "
     what += ", ".join("grpo_jax." + m for m in rule.modules) or "nothing of grpo_jax"
     assert not bad, f"rule {rule_id} ({what}):\n  " + "\n  ".join(bad)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the grpo_jax modules it imports (every nesting level; a package's import of its own
+    submodules counts like any other)."""
+    graph: dict[str, set[str]] = {}
+    for path in _files():
+        rel = _rel(path)
+        name = _module_name(rel)
+        targets = {t for _, t in grpo_imports(path.read_text(), name, rel.endswith("/__init__.py"))}
+        graph[name] = {t for t in targets if t != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted; [] = acyclic."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in graph:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycles():
+    """No two modules of grpo_jax import each other, directly or through others (function-level imports
+    included): e.g. the procedural tokenizer and the HF tokenizers once did."""
+    # a package's __init__ re-exporting its submodules is not a circle of the code: leave those edges out
+    graph = {
+        m: {
+            t
+            for t in ts
+            if not (t.startswith(m + ".") and (PKG / m.removeprefix("grpo_jax.").replace(".", "/")).is_dir())
+        }
+        for m, ts in import_graph().items()
+    }
+    assert import_cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_planted_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
 
 
 def test_import_scanner_sees_every_kind_of_import():

@@ -7,9 +7,9 @@ import pytest
 
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.tasks import make_split
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits, Status
+from grpo_jax.tokenization.code import CodeTokenizer
 
 TOK = CodeTokenizer()
 PROBLEMS = make_split("train", levels=(0, 2), n_per_level=3, seed=0)

@@ -21,8 +21,8 @@ from grpo_jax.core.advantages import compute_advantages
 from grpo_jax.core.losses import clipped_value_loss, ppo_token_advantages
 from grpo_jax.core.metrics import explained_variance
 from grpo_jax.envs import token_task as tt
-from grpo_jax.models.pretrained import load_pretrained
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.pretrained.api import load_pretrained
 from grpo_jax.train.state import init_state, make_optimizer
 from grpo_jax.train.step import make_train_step, transformer_logits_fn
 from grpo_jax.types import SampleOutput, batch_from_samples

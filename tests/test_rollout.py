@@ -14,7 +14,6 @@ import pytest
 from grpo_jax import replay
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline, tasks
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import (
     ObjectiveConfig,
     PoolConfig,
@@ -27,6 +26,7 @@ from grpo_jax.core.losses import GRPOLossConfig
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
+from grpo_jax.tokenization.code import CodeTokenizer
 from grpo_jax.train.rollout import AsyncRollout, CodegenRollout
 
 B, G, T = 4, 4, 24

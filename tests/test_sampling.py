@@ -121,16 +121,21 @@ def test_vmapped_as_in_sample_members_and_no_recompile():
 
 
 def test_sampler_samples_only_kept_tokens():
-    """choose_tokens draws from the filtered set, and its logp stays under the untruncated softmax."""
+    """choose_tokens draws from the filtered set, and its logp is the behaviour log-prob of that draw: the
+    log_softmax of the filtered (truncated, renormalised) logits, not the untruncated softmax (issue 23.9)."""
     x = _logits(2, rows=6, v=500)
     sp = sampling.sampling_params(temperature=1.0, top_k=0, top_p=0.5)
-    keep = np.isfinite(sorted_reference(x, sp.top_k, sp.top_p))
+    filt = sorted_reference(x, sp.top_k, sp.top_p)
+    keep = np.isfinite(filt)
+    lsm_trunc = jax.nn.log_softmax(filt, -1)
     lsm = jax.nn.log_softmax(x, -1)
     choose = jax.jit(sampling.choose_tokens)
     for s in range(20):
         tok, lp = choose(x, jax.random.PRNGKey(s), sp)
         assert keep[np.arange(6), np.asarray(tok)].all()
-        np.testing.assert_allclose(lp, jnp.take_along_axis(lsm, tok[:, None], -1)[:, 0], atol=1e-6)
+        np.testing.assert_allclose(lp, jnp.take_along_axis(lsm_trunc, tok[:, None], -1)[:, 0], atol=1e-6)
+        untrunc = jnp.take_along_axis(lsm, tok[:, None], -1)[:, 0]
+        assert (np.asarray(lp) - np.asarray(untrunc)).min() > 1e-3  # the truncation is visible in logp
 
 
 def test_generation_stops_at_any_of_several_eos_ids():

@@ -9,8 +9,8 @@ import optax
 
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.tasks import make_split
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.tokenization.code import CodeTokenizer
 from grpo_jax.train.sft import SFTBatch, make_sft_step, sft_loss, sft_train
 
 TOK = CodeTokenizer()

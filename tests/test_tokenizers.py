@@ -17,14 +17,9 @@ import pytest
 from conftest import smollm2_gguf_path
 
 from grpo_jax.codegen import tasks
-from grpo_jax.codegen import tokenizer as ct
-from grpo_jax.models.tokenizers import (
-    HFTokenizer,
-    Tokenizer,
-    build_gguf_backend,
-    load_tokenizer,
-    render_chat_template,
-)
+from grpo_jax.tokenization import HFTokenizer, Tokenizer, load_tokenizer, render_chat_template
+from grpo_jax.tokenization import code as ct
+from grpo_jax.tokenization.hf import build_gguf_backend
 
 transformers = pytest.importorskip("transformers")
 regex = pytest.importorskip("regex")  # a transformers dependency: \p{N} for the llama.cpp reference split
@@ -271,7 +266,7 @@ def metadata():
     """(our tokenizer.* metadata dict, transformers' (architecture, tokenizer dict)) of the SmolLM2 file."""
     from transformers.integrations.gguf import get_gguf_tokenizer
 
-    from grpo_jax.models.gguf import field_value, open_gguf
+    from grpo_jax.tokenization.gguf_file import field_value, open_gguf
 
     reader = open_gguf(GGUF_PATH)
     meta = {k: field_value(reader, k) for k in reader.fields if k.startswith("tokenizer.")}

@@ -178,7 +178,7 @@ def test_sampling_params_validation():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# architecture options of real checkpoints (grpo_jax.models.hf): q/k norm (Qwen3), o_proj bias (Llama
+# architecture options of real checkpoints (grpo_jax.pretrained.hf): q/k norm (Qwen3), o_proj bias (Llama
 # attention_bias), llama3 RoPE scaling, head_dim != d_model / n_heads. Every fast path must carry them.
 
 EXT = tfm.TransformerConfig(

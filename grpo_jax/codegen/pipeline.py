@@ -11,7 +11,7 @@ continues it (the procedural suite and HumanEval convention: program = prompt + 
 the prompt in an instruction through the tokenizer's chat template (instruct models), the model replies, and
 the code is the first fenced block of the reply (`extract_code`). Generation stops at any of the
 tokenizer's `eos_ids` (an instruct model's end-of-turn token included). `tok` is any
-grpo_jax.models.tokenizers.Tokenizer (the procedural CodeTokenizer or a real one).
+grpo_jax.tokenization.Tokenizer (the procedural CodeTokenizer or a real one).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Architecture (Qwen2 = Llama + q/k/v bias): token embedding -> L x [RMSNorm -> GQ
 plus an optional scalar value head on the final hidden state (for PPO). Options for real checkpoints (all off
 by default, leaving the default model bit-identical): per-head q/k RMSNorm before RoPE (Qwen3, `qk_norm`),
 an o_proj bias (Llama `attention_bias=True` biases q, k, v AND o: `qkv_bias` + `o_bias`), and Llama 3.1 RoPE
-frequency scaling (`rope_scaling=RopeScaling(...)`). grpo_jax.models.hf loads / saves Hugging Face
+frequency scaling (`rope_scaling=RopeScaling(...)`). grpo_jax.pretrained.hf loads / saves Hugging Face
 checkpoints.
 
 Parameters are a plain nested dict; per-layer leaves are STACKED with a leading axis L, so the training
@@ -94,12 +94,12 @@ class TransformerConfig:
     param_dtype: str = "float32"
     remat: str = "none"  # per-layer rematerialisation policy, one of REMAT_POLICIES (memory for compute)
     init_std: float = 0.02
-    # --- real-checkpoint options (grpo_jax.models.hf); the defaults are today's model, bit for bit ---
+    # --- real-checkpoint options (grpo_jax.pretrained.hf); the defaults are today's model, bit for bit ---
     qk_norm: bool = False  # Qwen3: RMSNorm over Dh of each q / k head (weights "q_norm"/"k_norm" [L, Dh])
     o_bias: bool = False  # bias on o_proj (Llama attention_bias=True; with qkv_bias=True)
     rope_scaling: RopeScaling | None = None  # Llama 3.1 "llama3" frequency scaling; None = plain RoPE
     max_position_embeddings: int | None = None  # informative (config.json export); not enforced
-    family: str | None = None  # HF model_type to export as (None: inferred by grpo_jax.models.hf.save_hf)
+    family: str | None = None  # HF model_type to export as (None: inferred by grpo_jax.pretrained.hf.save_hf)
 
     def __post_init__(self):
         def bad(field, why):

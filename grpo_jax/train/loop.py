@@ -7,7 +7,7 @@
                            checkpoint restored (RunState + host JSON) when the workdir holds one
     warm_start(run)        model init, SFT, LoRA adapters over the frozen base, evaluation after SFT, step 0
     train(run, state)      GRPO steps until cfg.steps (or a signal): checkpoints, periodic evaluation
-      grpo_step            rollout.produce -> train_step -> rollout.settle -> log
+      rl_step            rollout.produce -> train_step -> rollout.settle -> log
     evaluate(run, state)   held-out pass@1 greedy and pass@k sampled (the "eval" stream: the training
                            trajectory never depends on it)
     finish(run, state)     final evaluation, pass-rate table, results.json
@@ -34,7 +34,6 @@ import numpy as np
 
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import datasets, pipeline, tasks
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import (
     RESUMABLE_CHANGES,
     DistConfig,
@@ -49,6 +48,7 @@ from grpo_jax.config import (
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
+from grpo_jax.tokenization.code import CodeTokenizer
 from grpo_jax.train import distributed, sft, sharding
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.logging import (
@@ -348,12 +348,12 @@ def model_and_tokenizer(cfg: RunConfig, print_fn=print):
     m = cfg.model
     tok = CodeTokenizer()
     if m.tokenizer or m.init_from:
-        from grpo_jax.models.pretrained import load_tokenizer
+        from grpo_jax.pretrained.api import load_tokenizer
 
         tok = load_tokenizer(m.tokenizer or m.init_from)
     if not m.init_from:
         return tok, model_config(cfg, tok), None
-    from grpo_jax.models.pretrained import load_pretrained
+    from grpo_jax.pretrained.api import load_pretrained
 
     t0 = time.perf_counter()
     model, params = load_pretrained(m.init_from)
@@ -587,7 +587,7 @@ def train(r: Run, state: RunState) -> tuple[RunState, bool]:
     try:
         while int(state.train.step) < cfg.steps:
             r.ctx.barrier(f"step {int(state.train.step)}")  # a hung process ends the run here (PeerLost)
-            state = grpo_step(r, state, progress)
+            state = rl_step(r, state, progress)
             r.ctx.idle()  # evaluation and checkpoints below have no progress deadline
             step = int(state.train.step)
             if r.ctx.multi and any(r.ctx.allgather_objects("stop", stop.is_set())):
@@ -607,8 +607,8 @@ def train(r: Run, state: RunState) -> tuple[RunState, bool]:
     return state, False
 
 
-def grpo_step(r: Run, state: RunState, progress: Progress) -> RunState:
-    """One GRPO step: the rollout's batch, the train step on it, the rollout settled, everything logged."""
+def rl_step(r: Run, state: RunState, progress: Progress) -> RunState:
+    """One RL step (GRPO or PPO): the rollout's batch, the train step on it, the settle, the logs."""
     step = int(state.train.step)
     t0 = time.perf_counter()
     r.ctx.progress(f"step {step + 1}: rollout")  # the watchdog names a process that stops making progress
@@ -755,8 +755,8 @@ def policy_params(r: Run, state: RunState) -> Any:
 def export(r: Run, state: RunState, out: str, overwrite: bool = False) -> None:
     """The current policy as a Hugging Face directory (config.json, model.safetensors, tokenizer files; LoRA
     adapters merged), and for LoRA runs the adapters alone in PEFT's format next to it (`out`_peft)."""
-    from grpo_jax.models.hf import save_peft_adapters
-    from grpo_jax.models.pretrained import save_pretrained
+    from grpo_jax.pretrained.api import save_pretrained
+    from grpo_jax.pretrained.hf import save_peft_adapters
 
     params = r.ctx.host(policy_params(r, state))  # every process gathers; process 0 writes
     adapters = r.ctx.host(state.train.params) if r.cfg.lora.enabled else None

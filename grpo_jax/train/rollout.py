@@ -1,4 +1,4 @@
-"""The device/host boundary of the code-generation loop: problems -> sampled groups -> sandbox -> GRPOBatch.
+"""The device/host boundary of the code loop: problems -> sampled groups -> sandbox -> RolloutBatch.
 
 One interface, whatever the options:
 
@@ -49,16 +49,16 @@ from grpo_jax import curriculum, replay
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.rewards import child_checked_fractions, failure_counts, per_test_rewards
-from grpo_jax.codegen.tokenizer import CodeTokenizer
 from grpo_jax.config import RunConfig
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
+from grpo_jax.tokenization.code import CodeTokenizer
 from grpo_jax.train import sharding
 from grpo_jax.train.distributed import Context
 from grpo_jax.train.pool_host import PoolRuntime
 from grpo_jax.train.state import ProblemStats, RolloutState
-from grpo_jax.types import GRPOBatch, SampleOutput, batch_from_samples, empty_batch
+from grpo_jax.types import RolloutBatch, SampleOutput, batch_from_samples, empty_batch
 
 
 @dataclasses.dataclass
@@ -72,7 +72,7 @@ class Rollout(Protocol):
 
     def produce(
         self, state: RolloutState, params: Any, key: jax.Array, step: int
-    ) -> tuple[RolloutState, GRPOBatch, RolloutInfo]: ...
+    ) -> tuple[RolloutState, RolloutBatch, RolloutInfo]: ...
 
     def settle(self, state: RolloutState) -> RolloutState: ...
 
@@ -270,7 +270,7 @@ class CodegenRollout:
         samples = [self._sample_row(rounds[ri], b) for ri, b in rows]
         return state, self._place(batch), RolloutInfo(m, samples)
 
-    def _place(self, batch: GRPOBatch) -> GRPOBatch:
+    def _place(self, batch: RolloutBatch) -> RolloutBatch:
         """The batch as global arrays split over the mesh's batch axes (what the train step expects)."""
         return batch if self.batch_sharding is None else sharding.put(batch, self.batch_sharding)
 
@@ -341,7 +341,7 @@ class CodegenRollout:
             raise RuntimeError(f"rollout: no process graded rows {missing} (the row owners do not cover B)")
         return verdicts, rewards
 
-    def _assemble(self, rounds: list[_Round], m: dict) -> tuple[GRPOBatch, list[tuple[int, int]]]:
+    def _assemble(self, rounds: list[_Round], m: dict) -> tuple[RolloutBatch, list[tuple[int, int]]]:
         """The batch: round 0 as it is, or (dynamic sampling) the kept groups of every round first, then
         round 0's all-equal groups as masked filler. Device arrays are gathered by row on the device."""
         B, G = self.B, self.G

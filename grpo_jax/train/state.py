@@ -57,7 +57,7 @@ class RolloutState:
     curriculum: Any = None  # grpo_jax.curriculum.CurriculumState
     pool: Any = None  # grpo_jax.pool.PoolState of past policies (None: no pool)
     replay: Any = None  # grpo_jax.replay.ReplayState of successful completions (None: no replay)
-    pending: Any = None  # the next step's GRPOBatch, already graded (async rollouts only)
+    pending: Any = None  # the next step's RolloutBatch, already graded (async rollouts only)
 
 
 @flax.struct.dataclass

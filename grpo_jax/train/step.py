@@ -56,7 +56,7 @@ from grpo_jax.core.metrics import explained_variance, masked_mean, masked_std
 from grpo_jax.core.multiscale import multi_scale_advantages
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import TrainState, make_controllers
-from grpo_jax.types import GRPOBatch
+from grpo_jax.types import RolloutBatch
 
 sg = jax.lax.stop_gradient
 LogitsFn = Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array]
@@ -104,7 +104,7 @@ class ValueAux(NamedTuple):
     vf_clip_frac: jax.Array  # share of valid tokens where the clipped error is the larger
 
 
-def loss_mask(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+def loss_mask(batch: RolloutBatch, obj: ObjectiveConfig) -> jax.Array:
     """[B, G, T] tokens that enter the loss."""
     m = batch.completion_mask * batch.group_mask[..., None]
     if obj.mask_truncated:
@@ -112,7 +112,7 @@ def loss_mask(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
     return m
 
 
-def total_rewards(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+def total_rewards(batch: RolloutBatch, obj: ObjectiveConfig) -> jax.Array:
     """[B, G] the rewards the advantages see: correctness + DAPO soft overlong punishment (if on), with
     L_max = obj.loss.max_len (the run's max_new_tokens) and L_cache = obj.overlong_cache_len."""
     r = batch.rewards
@@ -182,7 +182,7 @@ def make_train_step(
             raise ValueError(_NEEDS_VALUES)
         return out
 
-    def prepare(batch: GRPOBatch):
+    def prepare(batch: RolloutBatch):
         """(batch, finite [B, G], rewards, loss mask, advantages): a non-finite reward is a data bug, so its
         member leaves the group (and is counted in the metrics); then the shaped rewards and advantages."""
         finite = jnp.isfinite(batch.rewards)
@@ -247,7 +247,7 @@ def make_train_step(
         total = loss + obj.ppo.vf_coef * vf
         return total, (aux._replace(loss=sg(total)), ValueAux(sg(vf), vf_clip))
 
-    def step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+    def step(state: TrainState, batch: RolloutBatch, frozen: Any = None):
         batch, finite, rewards, mask, adv = prepare(batch)
         logp_ref = None
         if obj.uses_reference:
@@ -297,7 +297,7 @@ def make_train_step(
         coefs = dict(kl_coef=kl_coef, ent_coef=ent_coef, signals=signals, last_loss=per_it[0].loss[-1])
         return finish(state, batch, rewards, mask, adv, finite, n_samples, **updated, **coefs)
 
-    def step_ppo(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+    def step_ppo(state: TrainState, batch: RolloutBatch, frozen: Any = None):
         """The plain step for PPO: the first iteration's forward gives π_old and V_old (stop-gradient), and
         with them β, the per-token rewards, advantages and returns, which later iterations reuse."""
         batch, finite, rewards, mask, _ = prepare(batch)
@@ -351,7 +351,7 @@ def make_train_step(
             return tree
         return jax.tree.map(lambda x: jax.lax.with_sharding_constraint(x, batch_sh), tree)
 
-    def step_split(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+    def step_split(state: TrainState, batch: RolloutBatch, frozen: Any = None):
         """The step with mini-batches and / or gradient accumulation (m·k > 1; see make_train_step)."""
         batch, finite, rewards, mask, adv = prepare(batch)
         n_samples = jnp.sum(batch.group_mask)
@@ -572,14 +572,14 @@ def make_train_step(
         out_shardings=(state_sh, None, None),
     )
 
-    def sharded_step(state: TrainState, batch: GRPOBatch, frozen: Any = None):
+    def sharded_step(state: TrainState, batch: RolloutBatch, frozen: Any = None):
         return jitted(state, batch, frozen)  # frozen positional: in_shardings covers every argument
 
     sharded_step._cache_size = jitted._cache_size
     return sharded_step
 
 
-def advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+def advantages(batch: RolloutBatch, obj: ObjectiveConfig) -> jax.Array:
     """[B, G] sequence advantages of a batch under the objective's estimator and baseline, plus
     multiscale_w_tests x the per-test sub-goal advantage when that is on. (`batch.rewards` as given: the
     train step passes the shaped rewards.)"""
@@ -600,7 +600,7 @@ def advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
     return adv
 
 
-def outcome_advantages(batch: GRPOBatch, obj: ObjectiveConfig) -> jax.Array:
+def outcome_advantages(batch: RolloutBatch, obj: ObjectiveConfig) -> jax.Array:
     """[B, G] advantages of the outcome reward (group or pool/mix baseline)."""
     if obj.baseline == "group":
         return compute_advantages(
@@ -636,7 +636,7 @@ def update_reference(ref: Any, params: Any, new_step: jax.Array, obj: ObjectiveC
     return jax.tree.map(upd, ref, params), due.astype(jnp.float32)
 
 
-def _baseline_metrics(batch: GRPOBatch) -> dict[str, jax.Array]:
+def _baseline_metrics(batch: RolloutBatch) -> dict[str, jax.Array]:
     """How the pool baseline relates to the group: coverage, mean gap, and the groups it gives a signal."""
     gm = batch.group_mask
     has = batch.baseline_valid * (gm.sum(-1) > 0)

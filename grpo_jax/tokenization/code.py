@@ -22,19 +22,22 @@ sequences decode with errors="replace".
 `VOCAB_SIZE` == 512 (8 specials + 256 bytes + 248 pieces); `fingerprint()` hashes the whole vocabulary
 for checkpoints.
 
-It satisfies the trainer's tokenizer interface (`grpo_jax.models.tokenizers.Tokenizer`): `eos_ids` = (EOS,),
+It satisfies the trainer's tokenizer interface (`grpo_jax.tokenization.base.Tokenizer`): `eos_ids` = (EOS,),
 `bos_id`, `chat_template` = None (`apply_chat_template` raises: prompts are plain text), `encode(text,
 add_special_tokens=True)` prepends BOS, and `save(dir)` writes a tokenizer.json that transformers'
-AutoTokenizer loads with the same ids (`grpo_jax.models.tokenizers.save_code_tokenizer`).
+AutoTokenizer loads with the same ids (`save_code_tokenizer` below).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
+from grpo_jax.tokenization.hf import bytes_to_unicode, write_tokenizer_dir
 
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>", "<r3>", "<r4>", "<r5>", "<r6>", "<r7>")
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
@@ -215,14 +218,12 @@ class CodeTokenizer:
     def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
         raise ValueError(
             "CodeTokenizer has no chat template (the procedural suite prompts with plain text): encode the "
-            "prompt directly, or use a real tokenizer (grpo_jax.models.tokenizers.load_tokenizer)"
+            "prompt directly, or use a real tokenizer (grpo_jax.tokenization.load_tokenizer)"
         )
 
     def save(self, path) -> None:
         """Write tokenizer.json / tokenizer_config.json / special_tokens_map.json for transformers'
         AutoTokenizer (same ids for any text that does not spell a special token like "<eos>" literally)."""
-        from grpo_jax.models.tokenizers import save_code_tokenizer
-
         save_code_tokenizer(self, path)
 
     def fingerprint(self) -> str:
@@ -238,3 +239,71 @@ class CodeTokenizer:
 
 def fingerprint() -> str:
     return CodeTokenizer().fingerprint()
+
+
+CODE_MARKER = "grpo_jax_code_tokenizer"  # tokenizer_config.json key: the CodeTokenizer fingerprint
+
+
+def _onig_escape(text: str) -> str:
+    """`text` as a literal in a tokenizers (Oniguruma) regex: letters and digits as is, the rest as \\x{H}."""
+    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in text)
+
+
+def code_tokenizer_backend(tok=None):
+    """The procedural CodeTokenizer (this module's CodeTokenizer) as an equivalent `tokenizers.Tokenizer`.
+
+    CodeTokenizer is greedy longest match over UTF-8 bytes (a regex alternation of its pieces, longest first,
+    then any single byte). Here: a Split pre-tokenizer with the same alternation (Oniguruma's alternation is
+    ordered like Python's re, so each match is the longest piece at that position, else one character), a
+    ByteLevel step that spells each split in GPT-2's byte alphabet, and a WordPiece model (greedy longest
+    match, no continuation prefix) over the 512 entries spelled the same way, which turns a piece into its id
+    and a lone character into its byte ids. Specials are added tokens (so transformers knows pad/bos/eos),
+    which means a text that literally spells "<eos>" encodes to the special id in transformers but to bytes in
+    CodeTokenizer; every other text gets identical ids (tested on the task suite and random Unicode)."""
+    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer as Backend
+
+    tok = tok or CodeTokenizer()
+    spelling = bytes_to_unicode()
+    vocab = {name: i for i, name in enumerate(SPECIAL_TOKENS)}
+    for b in range(256):
+        vocab[spelling[b]] = BYTE_OFFSET + b
+    for i, piece in enumerate(PIECES):
+        vocab["".join(spelling[b] for b in piece.encode("utf-8"))] = BYTE_OFFSET + 256 + i
+    if len(vocab) != VOCAB_SIZE:
+        raise ValueError(f"code_tokenizer_backend: {len(vocab)} distinct entries for {VOCAB_SIZE} ids")
+    longest = max(len(p.encode("utf-8")) for p in PIECES)
+    backend = Backend(
+        models.WordPiece(
+            vocab,
+            unk_token=SPECIAL_TOKENS[-1],
+            continuing_subword_prefix="",
+            max_input_chars_per_word=longest,
+        )
+    )
+    ordered = sorted(PIECES, key=lambda p: (-len(p.encode("utf-8")), p.encode("utf-8")))
+    pattern = "|".join(_onig_escape(p) for p in ordered) + r"|[\s\S]"
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    bos = SPECIAL_TOKENS[BOS_ID]
+    backend.post_processor = processors.TemplateProcessing(
+        single=[bos, "$A"], pair=[bos, "$A", bos + ":1", "$B:1"], special_tokens=[(bos, BOS_ID)]
+    )
+    return backend
+
+
+def save_code_tokenizer(tok, path: str | os.PathLike) -> None:
+    """CodeTokenizer.save: the equivalent tokenizer.json (code_tokenizer_backend) plus its configs; the
+    fingerprint is recorded so `load_tokenizer(path)` returns the (faster) CodeTokenizer itself."""
+    special = {
+        "bos_token": SPECIAL_TOKENS[BOS_ID],
+        "eos_token": SPECIAL_TOKENS[EOS_ID],
+        "pad_token": SPECIAL_TOKENS[PAD_ID],
+    }
+    write_tokenizer_dir(path, code_tokenizer_backend(tok), special, None, {CODE_MARKER: tok.fingerprint()})

@@ -36,9 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.errors import ConfigError
-from grpo_jax.models import safetensors_io
 from grpo_jax.policies import lora
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.pretrained import safetensors_io
 
 FAMILIES = tfm.FAMILIES
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}

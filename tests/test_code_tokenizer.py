@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.codegen import tasks
-from grpo_jax.codegen import tokenizer as tk
+from grpo_jax.tokenization import code as tk
 
 TOK = tk.CodeTokenizer()
 
@@ -129,8 +129,8 @@ def test_encode_batch():
 
 
 def test_trainer_interface(tmp_path):
-    """CodeTokenizer satisfies grpo_jax.models.tokenizers.Tokenizer without changing any id."""
-    from grpo_jax.models.tokenizers import Tokenizer, load_tokenizer
+    """CodeTokenizer satisfies grpo_jax.tokenization.Tokenizer without changing any id."""
+    from grpo_jax.tokenization import Tokenizer, load_tokenizer
 
     assert isinstance(TOK, Tokenizer)
     assert TOK.eos_ids == (TOK.eos_id,) == (2,) and TOK.bos_id == 1 and TOK.chat_template is None

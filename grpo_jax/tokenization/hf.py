@@ -1,10 +1,10 @@
-"""One tokenizer interface for the whole trainer: the procedural CodeTokenizer and real (HF / GGUF) ones.
+"""Real tokenizers (no JAX): a model's tokenizer.json, or one rebuilt from GGUF metadata, with its special
+tokens, end-of-generation ids and chat template, behind the `Tokenizer` interface (grpo_jax.tokenization).
 
-    tok = load_tokenizer("path/to/dir")         # tokenizer.json (+ tokenizer_config.json, ...) -> HFTokenizer
-    tok = load_tokenizer("model.Q4_1.gguf")     # rebuilt from the GGUF metadata              -> HFTokenizer
-    tok = CodeTokenizer()                          # grpo_jax.codegen.tokenizer (quickstart), same interface
+    tok = HFTokenizer.from_pretrained("path/to/dir")    # tokenizer.json (+ tokenizer_config.json, ...)
+    tok = HFTokenizer.from_gguf("model.Q4_1.gguf")      # rebuilt from the GGUF metadata
     prompt = tok.apply_chat_template([{"role": "user", "content": "..."}])   # render only
-    ids = tok.encode(prompt)                       # the template already wrote the special tokens
+    ids = tok.encode(prompt)                            # the template already wrote the special tokens
 
 Host side only (never inside a jit). Runtime needs `tokenizers` and `jinja2` (and `gguf` for .gguf files),
 never `transformers`; the tests compare against transformers.
@@ -58,7 +58,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 SPECIAL_TOKEN_ATTRS = (
     "bos_token",
@@ -107,33 +107,6 @@ _PRE_TOKENIZERS: dict[str, str] = {
     ),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), "split:" + _QWEN2_SPLIT),
 }
-
-
-@runtime_checkable
-class Tokenizer(Protocol):
-    """What the trainer needs from a tokenizer. Ids are model ids; `vocab_size` is the tokenizer's own count
-    (a model's embedding may have more rows)."""
-
-    @property
-    def vocab_size(self) -> int: ...
-    @property
-    def pad_id(self) -> int: ...
-    @property
-    def eos_id(self) -> int: ...  # the primary stop id (what a completion is terminated with in SFT data)
-    @property
-    def eos_ids(self) -> tuple[int, ...]: ...  # every id that ends a generation (eos_id first)
-    @property
-    def bos_id(self) -> int | None: ...
-    @property
-    def chat_template(self) -> str | None: ...
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]: ...
-    def decode(self, ids: Iterable[int], skip_special: bool = True) -> str: ...
-    def apply_chat_template(
-        self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True
-    ) -> str: ...
-    def fingerprint(self) -> str: ...
-    def save(self, path: str | os.PathLike) -> None: ...
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -237,7 +210,7 @@ def render_chat_template(
 # the tokenizers-backed implementation
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map (openai/gpt-2 encoder.py; transformers' bytes_to_unicode)."""
     bs = (
         list(range(ord("!"), ord("~") + 1))
@@ -385,7 +358,7 @@ class HFTokenizer:
     def from_gguf(cls, path: str | os.PathLike, pre_tokenizer: str = "transformers") -> HFTokenizer:
         """Rebuilt from a GGUF's `tokenizer.*` metadata (byte-level BPE, `tokenizer.ggml.model == "gpt2"`);
         `pre_tokenizer` as in `build_gguf_backend`."""
-        from grpo_jax.models.gguf import field_value, open_gguf
+        from grpo_jax.tokenization.gguf_file import field_value, open_gguf
 
         path = os.fspath(path)
         reader = open_gguf(path)
@@ -537,7 +510,7 @@ def build_gguf_backend(meta: Mapping[str, Any], path: str = "<gguf>", pre_tokeni
             f"{path}: tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens"
         )
 
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
@@ -661,116 +634,3 @@ def write_tokenizer_dir(
     with open(os.path.join(path, "special_tokens_map.json"), "w", encoding="utf-8") as f:
         json.dump(special, f, indent=2, ensure_ascii=False)
         f.write("\n")
-
-
-_CODE_MARKER = "grpo_jax_code_tokenizer"  # tokenizer_config.json key: the CodeTokenizer fingerprint
-
-
-def _onig_escape(text: str) -> str:
-    """`text` as a literal in a tokenizers (Oniguruma) regex: letters and digits as is, the rest as \\x{H}."""
-    return "".join(c if c.isascii() and c.isalnum() else f"\\x{{{ord(c):X}}}" for c in text)
-
-
-def code_tokenizer_backend(tok=None):
-    """The procedural CodeTokenizer (grpo_jax.codegen.tokenizer) as an equivalent `tokenizers.Tokenizer`.
-
-    CodeTokenizer is greedy longest match over UTF-8 bytes (a regex alternation of its pieces, longest first,
-    then any single byte). Here: a Split pre-tokenizer with the same alternation (Oniguruma's alternation is
-    ordered like Python's re, so each match is the longest piece at that position, else one character), a
-    ByteLevel step that spells each split in GPT-2's byte alphabet, and a WordPiece model (greedy longest
-    match, no continuation prefix) over the 512 entries spelled the same way, which turns a piece into its id
-    and a lone character into its byte ids. Specials are added tokens (so transformers knows pad/bos/eos),
-    which means a text that literally spells "<eos>" encodes to the special id in transformers but to bytes in
-    CodeTokenizer; every other text gets identical ids (tested on the task suite and random Unicode)."""
-    from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
-    from tokenizers import Tokenizer as Backend
-
-    from grpo_jax.codegen import tokenizer as ct
-
-    tok = tok or ct.CodeTokenizer()
-    spelling = _bytes_to_unicode()
-    vocab = {name: i for i, name in enumerate(ct.SPECIAL_TOKENS)}
-    for b in range(256):
-        vocab[spelling[b]] = ct.BYTE_OFFSET + b
-    for i, piece in enumerate(ct.PIECES):
-        vocab["".join(spelling[b] for b in piece.encode("utf-8"))] = ct.BYTE_OFFSET + 256 + i
-    if len(vocab) != ct.VOCAB_SIZE:
-        raise ValueError(f"code_tokenizer_backend: {len(vocab)} distinct entries for {ct.VOCAB_SIZE} ids")
-    longest = max(len(p.encode("utf-8")) for p in ct.PIECES)
-    backend = Backend(
-        models.WordPiece(
-            vocab,
-            unk_token=ct.SPECIAL_TOKENS[-1],
-            continuing_subword_prefix="",
-            max_input_chars_per_word=longest,
-        )
-    )
-    ordered = sorted(ct.PIECES, key=lambda p: (-len(p.encode("utf-8")), p.encode("utf-8")))
-    pattern = "|".join(_onig_escape(p) for p in ordered) + r"|[\s\S]"
-    backend.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in ct.SPECIAL_TOKENS])
-    bos = ct.SPECIAL_TOKENS[ct.BOS_ID]
-    backend.post_processor = processors.TemplateProcessing(
-        single=[bos, "$A"], pair=[bos, "$A", bos + ":1", "$B:1"], special_tokens=[(bos, ct.BOS_ID)]
-    )
-    return backend
-
-
-def save_code_tokenizer(tok, path: str | os.PathLike) -> None:
-    """CodeTokenizer.save: the equivalent tokenizer.json (code_tokenizer_backend) plus its configs; the
-    fingerprint is recorded so `load_tokenizer(path)` returns the (faster) CodeTokenizer itself."""
-    from grpo_jax.codegen import tokenizer as ct
-
-    special = {
-        "bos_token": ct.SPECIAL_TOKENS[ct.BOS_ID],
-        "eos_token": ct.SPECIAL_TOKENS[ct.EOS_ID],
-        "pad_token": ct.SPECIAL_TOKENS[ct.PAD_ID],
-    }
-    write_tokenizer_dir(path, code_tokenizer_backend(tok), special, None, {_CODE_MARKER: tok.fingerprint()})
-
-
-def load_tokenizer(path: str | os.PathLike, pre_tokenizer: str = "transformers") -> Tokenizer:
-    """A directory with tokenizer.json, or a .gguf file (its tokenizer rebuilt from the metadata; the split
-    rule of `pre_tokenizer`, see `build_gguf_backend`).
-
-    A directory written by `CodeTokenizer.save` gives back a CodeTokenizer (its recorded fingerprint must
-    match this code's vocabulary); any other directory an HFTokenizer."""
-    path = os.fspath(path)
-    if os.path.isdir(path):
-        cfg_file = os.path.join(path, "tokenizer_config.json")
-        marker = None
-        if os.path.isfile(cfg_file):
-            with open(cfg_file, encoding="utf-8") as f:
-                try:
-                    marker = json.load(f).get(_CODE_MARKER)
-                except (json.JSONDecodeError, AttributeError):
-                    marker = None  # HFTokenizer.from_pretrained reports the bad file
-        if marker is not None:
-            from grpo_jax.codegen.tokenizer import CodeTokenizer
-
-            tok = CodeTokenizer()
-            if marker != tok.fingerprint():
-                raise ValueError(
-                    f"{cfg_file}: {_CODE_MARKER}={str(marker)[:12]}... does not match this CodeTokenizer "
-                    f"({tok.fingerprint()[:12]}...): the procedural vocabulary changed since it was saved"
-                )
-            return tok
-        return HFTokenizer.from_pretrained(path)
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if magic == b"GGUF":
-            return HFTokenizer.from_gguf(path, pre_tokenizer)
-        raise ValueError(
-            f"{path}: not a tokenizer (valid: a directory with tokenizer.json, or a GGUF file; this file "
-            f"starts with {magic!r}, not b'GGUF')"
-        )
-    raise FileNotFoundError(
-        f"{path}: no such file or directory (valid: a tokenizer directory or a .gguf file)"
-    )

@@ -19,7 +19,7 @@ Where each rule comes from:
   `tie_word_embeddings = all(tensor.name != "output.weight" ...)`; llama.cpp falls back to `token_embd`).
 * The vocabulary of the MODEL is the embedding's row count (`token_embd.weight`); the token list
   (`tokenizer.ggml.tokens`) may be shorter (padded embeddings) but never longer. The tokenizer keeps its own
-  count (grpo_jax.models.tokenizers).
+  count (grpo_jax.tokenization).
 * Tensor layout: GGUF lists dims fastest-first (`ne`), so a [in, out] `ne` is the row-major numpy array
   (out, in), i.e. torch's nn.Linear [out, in]; grpo_jax kernels are [in, out], hence one transpose. The
   embedding stays (V, D). `gguf.quants.dequantize` turns every block format (Q4_0/Q4_1/Q8_0/K-quants/...)
@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from grpo_jax.policies.transformer import TransformerConfig
+from grpo_jax.tokenization.gguf_file import field_value, open_gguf
 
 SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
 # architectures whose q/k rows llama.cpp permutes (convert_hf_to_gguf.py: LlamaModel and its subclasses that
@@ -74,28 +75,6 @@ _DTYPES = ("float32", "bfloat16")
 
 def _fail(path: str, what: str) -> ValueError:
     return ValueError(f"{path}: {what}")
-
-
-def open_gguf(path: str | os.PathLike):
-    """A memory-mapped `gguf.GGUFReader` over `path`; one clear error for a missing or non-GGUF file."""
-    import gguf
-
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such GGUF file")
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != b"GGUF":
-        raise ValueError(f"{path}: not a GGUF file (first bytes {magic!r}, expected b'GGUF')")
-    return gguf.GGUFReader(path, "r")
-
-
-def field_value(reader, key: str, default: Any = None) -> Any:
-    """The decoded value of metadata field `key` (str / int / float / bool / list), or `default` if absent."""
-    field = reader.fields.get(key)
-    if field is None:
-        return default
-    return field.contents()
 
 
 def _f32(value) -> float:

@@ -51,10 +51,10 @@ def load_pretrained(path_or_name: str, dtype: str | None = None) -> tuple[Any, d
     """(TransformerConfig, params) of a Hugging Face directory, a .gguf file or a known name."""
     path = resolve(path_or_name)
     if path.endswith(".gguf"):
-        from grpo_jax.models.gguf import load_gguf
+        from grpo_jax.pretrained.gguf import load_gguf
 
         return load_gguf(path, dtype=dtype or "float32")
-    from grpo_jax.models.hf import load_hf
+    from grpo_jax.pretrained.hf import load_hf
 
     return load_hf(path, dtype=dtype)
 
@@ -62,7 +62,7 @@ def load_pretrained(path_or_name: str, dtype: str | None = None) -> tuple[Any, d
 def load_tokenizer(path_or_name: str, pre_tokenizer: str = "transformers"):
     """The tokenizer of a checkpoint (tokenizer.json of a directory, or rebuilt from GGUF metadata with the
     split rule `pre_tokenizer`: "transformers" = transformers' GGUF conversion, or "llama.cpp")."""
-    from grpo_jax.models.tokenizers import load_tokenizer as _load
+    from grpo_jax.tokenization import load_tokenizer as _load
 
     return _load(resolve(path_or_name), pre_tokenizer=pre_tokenizer)
 
@@ -70,6 +70,6 @@ def load_tokenizer(path_or_name: str, pre_tokenizer: str = "transformers"):
 def save_pretrained(path: str, cfg, params: dict, tokenizer=None, *, overwrite: bool = False) -> str:
     """A Hugging Face directory (config.json, model.safetensors, generation_config.json, tokenizer files) that
     transformers loads with the same logits; written to a temporary directory and renamed."""
-    from grpo_jax.models.hf import save_hf
+    from grpo_jax.pretrained.hf import save_hf
 
     return save_hf(path, cfg, params, tokenizer=tokenizer, overwrite=overwrite)
