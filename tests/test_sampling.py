@@ -129,13 +129,16 @@ def test_sampler_samples_only_kept_tokens():
     keep = np.isfinite(filt)
     lsm_trunc = jax.nn.log_softmax(filt, -1)
     lsm = jax.nn.log_softmax(x, -1)
+    kept_mass = np.sum(np.exp(np.asarray(lsm, np.float64)) * keep, -1)  # row 0 is all ties: all kept, mass 1
+    assert kept_mass[1:].max() < 0.9
     choose = jax.jit(sampling.choose_tokens)
     for s in range(20):
         tok, lp = choose(x, jax.random.PRNGKey(s), sp)
         assert keep[np.arange(6), np.asarray(tok)].all()
         np.testing.assert_allclose(lp, jnp.take_along_axis(lsm_trunc, tok[:, None], -1)[:, 0], atol=1e-6)
         untrunc = jnp.take_along_axis(lsm, tok[:, None], -1)[:, 0]
-        assert (np.asarray(lp) - np.asarray(untrunc)).min() > 1e-3  # the truncation is visible in logp
+        # the truncation is visible: logp − untruncated logp = −log(kept mass)
+        np.testing.assert_allclose(np.asarray(lp) - np.asarray(untrunc), -np.log(kept_mass), atol=1e-5)
 
 
 def test_generation_stops_at_any_of_several_eos_ids():

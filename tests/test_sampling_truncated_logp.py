@@ -235,3 +235,38 @@ def test_pool_member_samplers_return_truncated_logp(kind):
         assert kept[m].all()
         np.testing.assert_allclose(np.asarray(oj.logp)[m], trunc[m], atol=2e-5, rtol=0)
         assert (np.asarray(oj.logp)[m] - full[m]).min() > 1e-3
+
+
+@pytest.mark.slow
+def test_samplers_filters_off_bitwise_identical_to_the_old_choice(monkeypatch):
+    """With top_k = 0 and top_p = 1 every sampler entry point returns exactly (bit for bit) what it returned
+    before the fix: the same samplers traced with the pre-fix choose_tokens give the same tokens and logp."""
+    params = tfm.init_params(CFG, jax.random.PRNGKey(0))
+    prompt, pmask = _prompts()
+    members = jax.tree.map(
+        lambda *x: jnp.stack(x), *[tfm.init_params(CFG, jax.random.PRNGKey(30 + i)) for i in range(2)]
+    )
+    adapters = jax.tree.map(lambda *x: jnp.stack(x), *_lora_members(params, 2))
+    keys = jax.random.split(jax.random.PRNGKey(5), 2)
+    kw = dict(group=G, max_new=T, eos_id=1, pad_id=0)
+    off = (jnp.int32(0), jnp.float32(1.0))
+
+    def run_all():  # fresh jits, so each traces the module's current choose_tokens
+        one = jax.jit(lambda p, sp: sampling.sample(p, CFG, prompt, pmask, keys[0], sp, **kw))
+        outs = [one(params, sampling.SamplingParams(jnp.float32(t), *off)) for t in (1.0, 0.7, 0.0)]
+        sp = sampling.SamplingParams(jnp.array([1.3, 0.0], jnp.float32), *off)
+        outs.append(
+            jax.jit(lambda m, sp: sampling.sample_members(m, CFG, prompt, pmask, keys, sp, **kw))(members, sp)
+        )
+        fn = jax.jit(
+            lambda a, sp: sampling.sample_lora_members(params, a, 4.0, CFG, prompt, pmask, keys, sp, **kw)
+        )
+        outs.append(fn(adapters, sp))
+        return outs
+
+    new = run_all()
+    monkeypatch.setattr(sampling, "choose_tokens", _old_choose_tokens)
+    old = run_all()
+    for a, b in zip(new, old, strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

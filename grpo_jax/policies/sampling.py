@@ -7,11 +7,18 @@ samples; each decode step feeds one token per sample (`transformer.decode_step`)
 Sampling parameters (temperature, top-k, top-p) are DATA (a `SamplingParams` of arrays), so changing them
 never recompiles; only the shapes (B, P, G, max_new) and the model config are static.
 
-Returned `logp` is the log-probability of each sampled token under softmax(logits / temperature) WITHOUT the
-top-k / top-p truncation: that is the distribution the trainer differentiates (`token_logp` with the same
-temperature), so sampler and trainer log-probs agree by construction (the mismatch is logged as a metric).
-With top-k/top-p active the behaviour distribution is the truncated one; use them for evaluation, or accept
-that bias knowingly (as TRL/vLLM users do).
+Returned `logp` is the BEHAVIOUR log-probability of each sampled token: its log-probability under the
+distribution it was actually drawn from, log_softmax(filtered(logits / temperature)) (`choose_tokens`). With
+top-k / top-p off (top_k = 0, top_p = 1) nothing is filtered and that is log_softmax(logits / temperature),
+computed exactly as the trainer's `token_logp` with the same temperature, so sampler and trainer log-probs
+agree up to float rounding (the mismatch is logged as `logp_mismatch`). With top-k / top-p on it is the log of
+the RENORMALISED truncated probability, p(tok) / Σ_kept p, which is >= the trainer's untruncated π_θ(tok) by
+−log(kept mass): the importance-sampling correction (`--tis_cap`, weight π_old / π_behaviour) and the
+off-policy mask see the truncation, and `logp_mismatch` includes it. The nucleus (top-p) is taken under the
+temperature-scaled softmax (the filter runs on logits / temperature). Greedy (temperature <= 0): the token is
+the argmax and `logp` stays what it always was, log_softmax(logits) at temperature 1 WITHOUT truncation (a
+greedy draw is deterministic and has no sampling distribution to correct for; greedy decoding is used for
+evaluation, where logp is not consumed).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from grpo_jax.types import SampleOutput
 
 
 class SamplingParams(NamedTuple):
-    temperature: jax.Array  # [] float32; <= 0 means greedy (argmax), logp then under temperature 1
+    temperature: jax.Array  # [] float32; <= 0 means greedy (argmax), logp then untruncated at temperature 1
     top_k: jax.Array  # [] int32; 0 disables
     top_p: jax.Array  # [] float32; >= 1 disables
 
@@ -159,7 +166,15 @@ def filter_logits(
 
 
 def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
-    """Sample (or argmax) one token per row; return (tokens int32, logp under softmax(logits/temperature))."""
+    """Sample (or argmax) one token per row; return (tokens int32, behaviour logp float32).
+
+    Sampling (temperature > 0): the token is drawn from softmax(f), f = filter_logits(logits / temperature,
+    top_k, top_p), and logp = log_softmax(f)[token], the log of its renormalised truncated probability (the
+    distribution actually sampled). With the filters off (top_k = 0 and top_p >= 1) f = logits / temperature
+    and logp = log_softmax(logits / temperature)[token], bit for bit the same ops as before truncation was
+    accounted for (the truncated log-softmax runs only in a `lax.cond` branch taken when a filter is on).
+    Greedy (temperature <= 0): token = argmax(logits), logp = log_softmax(logits)[token] (temperature 1,
+    untruncated, whatever top_k / top_p say; the argmax is always inside the kept set)."""
     greedy = sp.temperature <= 0
     lg = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, sp.temperature)
     lsm = jax.nn.log_softmax(lg, axis=-1)
@@ -167,7 +182,14 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     filt = jax.lax.cond(need_filter, lambda x: filter_logits(x, sp.top_k, sp.top_p), lambda x: x, lg)
     sampled = jax.random.categorical(key, filt, axis=-1)
     tok = jnp.where(greedy, jnp.argmax(lg, axis=-1), sampled).astype(jnp.int32)
-    lp = jnp.take_along_axis(lsm, tok[..., None], axis=-1)[..., 0]
+    lp = jnp.take_along_axis(lsm, tok[..., None], axis=-1)[..., 0]  # untruncated (filters off, or greedy)
+
+    def truncated(lp):  # the renormalised truncated distribution that `sampled` was drawn from
+        lp_f = jnp.take_along_axis(jax.nn.log_softmax(filt, axis=-1), tok[..., None], axis=-1)[..., 0]
+        return jnp.where(greedy, lp, lp_f)
+
+    # filters off: the identity branch, so lp is exactly the untruncated value above
+    lp = jax.lax.cond(need_filter, truncated, lambda lp: lp, lp)
     return tok, lp
 
 
