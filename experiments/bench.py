@@ -99,33 +99,27 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     from grpo_jax.config import ObjectiveConfig, OptimConfig
     from grpo_jax.policies import sampling
     from grpo_jax.policies import transformer as tfm
+    from grpo_jax.policies.logp import policy_logp_fn
     from grpo_jax.train.logging import memory_metrics
     from grpo_jax.train.state import init_state, make_optimizer
-    from grpo_jax.train.step import logp_from_logits, make_train_step, transformer_logits_fn
+    from grpo_jax.train.step import make_train_step
     from grpo_jax.types import batch_from_samples
 
     obj = ObjectiveConfig(kl_coef=0.04)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-5, grad_clip=1.0))
     if size == "smollm2":  # the real model: its own weights and vocabulary (49 152), the chunked LM head
-        from grpo_jax.policies.logp import make_logp_fn
         from grpo_jax.pretrained.api import load_pretrained
 
         cfg, params = load_pretrained("smollm2-135m-instruct")
     else:
         cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
         params = tfm.init_params(cfg, jax.random.PRNGKey(0))
-    cfg = dataclasses.replace(cfg, remat=remat)
-    if size == "smollm2":
-        policy = dict(logits_fn=None, logp_fn=make_logp_fn(cfg, 256))
-    else:
-        policy = dict(logits_fn=transformer_logits_fn(cfg), logp_fn=None)
+    cfg = dataclasses.replace(cfg, remat=remat, logp_chunk=256 if size == "smollm2" else 0)
     state = init_state(jax.device_put(params), obj, optimizer, seed=0)
-    train_step = make_train_step(
-        policy["logits_fn"], obj, optimizer, temperature=1.0, logp_fn=policy["logp_fn"]
-    )
+    train_step = make_train_step(cfg, obj, optimizer, temperature=1.0)
     sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0)
     sp = sampling.sampling_params(1.0)
-    logp = policy["logp_fn"] or logp_from_logits(policy["logits_fn"])
+    logp = policy_logp_fn(cfg)
     ref_fn = jax.jit(lambda p, pr, pm, c: logp(p, pr, pm, c, 1.0)[0])  # the reference pass alone
     prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
     pmask = jnp.ones((B, P), jnp.int32)

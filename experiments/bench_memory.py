@@ -20,12 +20,12 @@ group has a non-zero advantage), β = 0.04 so the reference pass runs, AdamW. Th
 default (the train step's memory and time do not depend on their values); `--sample` draws them with the
 KV-cache sampler instead (slower).
 
-Variants: `naive` = `transformer_logits_fn` (the [B, G, T, V] float32 logits, then token_logp), `C` (a chunk
-size, reported as `chunkC`) = `grpo_jax.policies.logp.make_logp_fn(cfg, C)` (forward_grouped(return_hidden=
-True) + a chunked head that never holds more than C positions' logits, forward or backward). Remat:
-`--remat=POLICY` (one of grpo_jax.policies.transformer.REMAT_POLICIES: none, full, dots, dots_no_batch;
-TransformerConfig.remat), or `--remat_sweep` for all four. Each (remat policy, variant) runs in its own
-subprocess, so the process peak RSS is that run's. Figures, one JSON line each, per run:
+Variants: `naive` = `logp_chunk=0` (the [B, G, T, V] float32 logits, then token_logp), `C` (a chunk
+size, reported as `chunkC`) = `logp_chunk=C` (grpo_jax.policies.logp.make_logp_fn: forward_grouped(
+return_hidden=True) + a chunked head that never holds more than C positions' logits, forward or
+backward). Remat: `--remat=POLICY` (one of grpo_jax.policies.transformer.REMAT_POLICIES: none, full, dots,
+dots_no_batch; TransformerConfig.remat), or `--remat_sweep` for all four. Each (remat policy, variant) runs
+in its own subprocess, so the process peak RSS is that run's. Figures, one JSON line each, per run:
   xla_temp_mb       compiled train step's temporary buffers (memory_analysis: XLA's buffer assignment peak;
                     null where the backend gives no memory analysis)
   xla_argument_mb   its arguments (TrainState + batch; the state is donated, so the outputs alias it)
@@ -42,7 +42,7 @@ then a `summary` line with a human-readable `text`: per remat policy, naive vs t
 (peaks and ratios), and per variant each policy's peak, temp and step time with their ratios to "none"
 (`per_variant`, in the text "(x peak / x temp / x step)"; given with several policies, or when there is no
 naive-vs-chunked comparison). Timings are per-host and only comparable within one run (the host and its load
-vary: ../shared/design/ARCHITECTURE.md §4).
+vary: docs/ARCHITECTURE.md §4).
 """
 
 from __future__ import annotations
@@ -132,14 +132,15 @@ def _model(remat: str):
 
 
 def run_variant(variant: str) -> None:
+    import dataclasses
+
     import jax
     import jax.numpy as jnp
 
     from grpo_jax.config import ObjectiveConfig, OptimConfig
     from grpo_jax.policies import sampling
-    from grpo_jax.policies.logp import make_logp_fn
     from grpo_jax.train.state import init_state, make_optimizer
-    from grpo_jax.train.step import make_train_step, transformer_logits_fn
+    from grpo_jax.train.step import make_train_step
     from grpo_jax.types import SampleOutput, batch_from_samples
 
     B, G, P, T = FLAGS.prompts, FLAGS.group, FLAGS.prompt_len, FLAGS.new_tokens
@@ -148,10 +149,8 @@ def run_variant(variant: str) -> None:
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-6, grad_clip=1.0))
     state = init_state(params, obj, optimizer, seed=0)
     del params
-    if variant == "naive":
-        train_step = make_train_step(transformer_logits_fn(cfg), obj, optimizer)
-    else:
-        train_step = make_train_step(None, obj, optimizer, logp_fn=make_logp_fn(cfg, int(variant)))
+    chunk = 0 if variant == "naive" else int(variant)
+    train_step = make_train_step(dataclasses.replace(cfg, logp_chunk=chunk), obj, optimizer)
     prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
     pmask = jnp.ones((B, P), jnp.int32)
     if FLAGS.sample:

@@ -30,11 +30,11 @@ def main(argv):
         cli.fail(f"--workdir={FLAGS.workdir}: not a run directory (no run.json)")
     if not FLAGS.out or os.path.exists(FLAGS.out):
         cli.fail(f"--out={FLAGS.out}: give a directory that does not exist yet")
-    from grpo_jax.train import loop
+    from grpo_jax.train.export import export, open_checkpoint
 
-    r, state = loop.open_checkpoint(FLAGS.workdir, FLAGS.step, print_fn=lambda s: print(s, file=sys.stderr))
+    r, state = open_checkpoint(FLAGS.workdir, FLAGS.step, print_fn=lambda s: print(s, file=sys.stderr))
     try:
-        loop.export(r, state, FLAGS.out)
+        export(r, state, FLAGS.out)
     finally:
         r.ckpt.close()
     print(FLAGS.out)

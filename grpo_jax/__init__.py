@@ -26,6 +26,16 @@ __all__ = ["load_pretrained", "save_pretrained", "load_tokenizer"]
 def __getattr__(name: str):
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
-    if name in ("policies", "core", "train", "codegen", "sandbox", "pretrained", "tokenization", "config", "pool"):
+    if name in (
+        "policies",
+        "core",
+        "train",
+        "codegen",
+        "sandbox",
+        "pretrained",
+        "tokenization",
+        "config",
+        "pool",
+    ):
         return importlib.import_module(f"grpo_jax.{name}")
     raise AttributeError(f"module 'grpo_jax' has no attribute {name!r}")

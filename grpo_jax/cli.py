@@ -7,15 +7,18 @@
 A leaf field `f` of a section with FLAG_PREFIX `p` is the flag `--{p}{f}` unless its metadata names the flag;
 its help text, default and type come from the field (str fields list their valid values; the value check is
 the dataclass's own, so an error reads `--kl_coef=-1.0: must be >= 0`). Types: bool, int, float, str;
-`float | None` / `int | None` ("none" = None); tuples as comma lists (`--eval_ks=1,8`); schedules as
-`step:value` lists (`--pool_k_schedule=0:8,100:16`). Fields marked "derived" have no flag.
+`float | None` / `int | None` ("none" = None, or the one word the field names: `--sft_steps=auto`); tuples
+as comma lists (`--eval_ks=1,8`); schedules as `step:value` lists (`--pool_k_schedule=0:8,100:16`). Fields
+marked "derived" have no flag.
 
 Precedence, one rule: defaults < everything on the command line in the order written, flagfiles expanded
 where they appear; the LAST setting of a field wins. `--preset=NAME` counts as setting all of the preset's
 fields (grpo_jax.presets) at the place it appears. So `--flagfile=quickstart.flags --preset=dapo` gives
 DAPO's β even though quickstart.flags sets `--kl_coef=0`, and `--preset=dapo --kl_coef=0.01` gives β =
 0.01. Every field where a preset and a flag disagree is reported in the notes (printed at start, kept in
-run.json), so a preset is never undone silently.
+run.json), so a preset is never undone silently. A few defaults depend on the model (config.AUTO_DEFAULTS:
+a pretrained --init_from model gets --sft_steps=0 and --prompt_format=chat): a given value always wins, and
+the notes say which of them a pretrained model took.
 
 This is the only module that reads absl flags; the library takes a RunConfig.
 """
@@ -52,21 +55,22 @@ _SHAPE_FIELDS = (
 
 
 class _Optional(flags.ArgumentParser):
-    def __init__(self, inner: type):
-        self.inner = inner
+    """A value of `inner`, or None spelled as one of `words` ("none" / "off" / empty; a field's metadata may
+    name its own word, e.g. "auto" for --sft_steps, where "none" would read as "no SFT")."""
+
+    def __init__(self, inner: type, words: tuple[str, ...] = ("", "none", "off")):
+        self.inner, self.words = inner, words
 
     def parse(self, argument):
-        if argument is None or (
-            isinstance(argument, str) and argument.strip().lower() in ("", "none", "off")
-        ):
+        if argument is None or (isinstance(argument, str) and argument.strip().lower() in self.words):
             return None
         try:
             return self.inner(argument)
         except (TypeError, ValueError):
-            raise ValueError(f"expected a {self.inner.__name__} or none") from None
+            raise ValueError(f"expected a {self.inner.__name__} or {self.words[-1]}") from None
 
     def flag_type(self):
-        return f"{self.inner.__name__} or none"
+        return f"{self.inner.__name__} or {self.words[-1]}"
 
 
 class _Tuple(flags.ArgumentParser):
@@ -116,8 +120,11 @@ class _Schedule(flags.ArgumentParser):
 
 
 class _Serializer(flags.ArgumentSerializer):
+    def __init__(self, none_word: str = "none"):
+        self.none_word = none_word
+
     def serialize(self, value):
-        return format_value(value)
+        return self.none_word if value is None else format_value(value)
 
 
 def format_value(value: Any) -> str:
@@ -211,13 +218,14 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> list[FlagSpec]:
         elif spec.kind == "str":
             flags.DEFINE_string(spec.flag, default, help_, **kw)
         else:
+            word = f.metadata.get("none_word")
             if spec.kind == "optional":
-                parser = _Optional(_inner(tp))
+                parser = _Optional(_inner(tp), (word,) if word else ("", "none", "off"))
             elif spec.kind == "tuple":
                 parser = _Tuple(typing.get_args(tp)[0])
             else:
                 parser = _Schedule(typing.get_args(typing.get_args(tp)[0])[1])
-            flags.DEFINE(parser, spec.flag, default, help_, serializer=_Serializer(), **kw)
+            flags.DEFINE(parser, spec.flag, default, help_, serializer=_Serializer(word or "none"), **kw)
     return table
 
 
@@ -290,7 +298,29 @@ def config_from_flags(fv: flags.FlagValues = flags.FLAGS, expanded: list[str] | 
         cfg = C.from_leaves(values)
     except ConfigError as e:
         raise FlagError(describe(e, table)) from None
+    notes += _auto_notes(cfg, values, by_path)
     return cfg, notes
+
+
+_AUTO_MEANS = {"sft.steps": " (no SFT)"}  # what a resolved auto default means, where the value does not say
+
+
+def _auto_notes(cfg: C.RunConfig, values: dict[str, Any], by_path: dict[str, FlagSpec]) -> list[str]:
+    """The line saying which model-dependent defaults (config.AUTO_DEFAULTS) a pretrained model took: those
+    not given (or given as auto) on the command line; none from scratch (the defaults as they always were)."""
+    if not cfg.model.init_from:
+        return []
+    took = [p for p in C.AUTO_DEFAULTS if values.get(p) in (None, "auto")]
+    if not took:
+        return []
+    said = ", ".join(
+        f"--{by_path[p].flag}={format_value(C.get_path(cfg, p))}{_AUTO_MEANS.get(p, '')}" for p in took
+    )
+    one = len(took) == 1
+    return [
+        f"init_from: pretrained-model default{'' if one else 's'}: {said} "
+        f"(give {'it' if one else 'them'} to override)"
+    ]
 
 
 def _value(v: Any, kind: str) -> Any:

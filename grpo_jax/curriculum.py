@@ -1,4 +1,4 @@
-"""Automatic curriculum over a fixed problem list (GRPO_MATH.md §3 row 13).
+"""Automatic curriculum over a fixed problem list (docs/GRPO_MATH.md §3 row 13).
 
 Kimi k1.5 (arXiv 2501.12599, §2.3.2) samples problems by curriculum (easy levels first) and by priority
 `P(q) ∝ 1 − s(q)`, s(q) the running success rate of problem q. This module keeps both signals as a pytree of

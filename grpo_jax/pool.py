@@ -15,7 +15,8 @@ What a slot holds is the caller's choice: the full parameters, or only LoRA adap
 K x adapter size, and the members are evaluated together on one copy of the frozen base:
 `lora_member_logp`, `make_member_sampler(lora_alpha=...)`; grpo_jax.policies.lora.merge_members).
 
-The pool is a baseline, not the GRPO group (GRPO_MATH §3 rows 2 and 4): the group stays G completions of the
+The pool is a baseline, not the GRPO group (docs/GRPO_MATH.md §3 rows 2 and 4): the group stays G
+completions of the
 current policy; `returns_baseline` turns the pool members' rewards on the SAME prompts into a per-prompt
 baseline b_pool(q), which grpo_jax.core.advantages.scaled_baseline uses without re-centring (a z-score would
 cancel it, T1b). Exploration members (row 16) sample at a higher temperature or carry parameter noise.

@@ -8,6 +8,9 @@ value — canonical GRPO's where the recipe says nothing — and may set a few e
     dict(get_preset("r1").values)                  # {"objective.kl_coef": 0.001, ...} dotted paths
 
 Fields a preset does not set (the TIS cap, multi-scale advantages, sizes, learning rate) keep their values.
+A preset sets a sub-setting of an optional mechanism only where the recipe turns that mechanism on
+(config.SUB_SETTINGS: e.g. the EMA rate only with an EMA reference), so no preset trips that rule; a recipe
+value that is inert in the recipe itself (TRL's use_bias_correction_kl at β = 0) is named in its notes.
 On the command line `--preset=NAME` takes effect where it appears among the flags (grpo_jax.cli): a flag
 after it overrides the preset's value, a flag before it is overridden, and both are printed.
 Every preset carries a `notes` string saying where its numbers come from and what was filled in.
@@ -62,6 +65,13 @@ RECIPE_FIELDS = (
     "rollout.dynamic_sampling",
 )
 _CANONICAL = RunConfig(workdir="-")  # canonical GRPO: the ObjectiveConfig defaults
+# TRL's GRPOConfig forms of the KL and the entropy bonus: inert at TRL's β = 0 and entropy coefficient 0, so
+# the TRL presets leave them at canonical GRPO's (sub-settings of mechanisms that are off: SUB_SETTINGS)
+_TRL_INERT = (
+    " TRL's use_bias_correction_kl=True and token-mean entropy bonus act only with β > 0 / an entropy "
+    "coefficient (off in the recipe): add --kl_bias_correction with --kl_coef, --entropy_bonus=token_mean "
+    "with --entropy_coef."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,56 +154,49 @@ _PRESETS = (
         "trl_default",
         "TRL 1.16 GRPOConfig defaults (grpo_config.py): β=0, ε=0.2 both sides, loss_type 'dapo' (token-mean "
         "over the batch's tokens), scale_rewards 'group' (std ddof 1 + 1e-4), importance_sampling_level "
-        "'token', use_bias_correction_kl=True (inert while β=0), its entropy-bonus form (inert at "
-        "entropy_coef=0), G=8.",
+        "'token', G=8." + _TRL_INERT,
         objective__kl_coef=0.0,
         objective__loss__aggregation="token_mean",
-        objective__loss__kl_bias_correction=True,
-        objective__loss__entropy_bonus="token_mean",
         rollout__group_size=8,
     ),
     _preset(
         "cispo",
         "CISPO (MiniMax-M1, arXiv 2506.13585; TRL loss_type 'cispo'): −sg(min(ρ, ε_max))·A·logp with "
-        "ε_max = 5 (the ScaleRL paper's value, TRL's recommendation), token-mean; the rest TRL's defaults.",
+        "ε_max = 5 (the ScaleRL paper's value, TRL's recommendation), token-mean; the rest TRL's defaults."
+        + _TRL_INERT,
         objective__kl_coef=0.0,
         objective__loss__objective="cispo",
         objective__loss__eps_high=5.0,
         objective__loss__aggregation="token_mean",
-        objective__loss__kl_bias_correction=True,
-        objective__loss__entropy_bonus="token_mean",
         rollout__group_size=8,
     ),
     _preset(
         "sapo",
         "SAPO (soft adaptive policy optimisation; TRL loss_type 'sapo'): −σ(τ(ρ−1))·4/τ·A with τ = 1.0 for "
-        "A > 0 and 1.05 otherwise (TRL's defaults), seq-mean-token-mean; the rest TRL's defaults.",
+        "A > 0 and 1.05 otherwise (TRL's defaults), seq-mean-token-mean; the rest TRL's defaults."
+        + _TRL_INERT,
         objective__kl_coef=0.0,
         objective__loss__objective="sapo",
-        objective__loss__kl_bias_correction=True,
-        objective__loss__entropy_bonus="token_mean",
         rollout__group_size=8,
     ),
     _preset(
         "luspo",
         "LUSPO (TRL loss_type 'luspo'): the clipped objective at the sequence level (TRL warns unless "
-        "importance_sampling_level='sequence'), each sequence's sum averaged over sequences; ε=0.2 as TRL.",
+        "importance_sampling_level='sequence'), each sequence's sum averaged over sequences; ε=0.2 as TRL."
+        + _TRL_INERT,
         objective__kl_coef=0.0,
         objective__loss__importance_level="sequence",
         objective__loss__aggregation="seq_sum_mean",
-        objective__loss__kl_bias_correction=True,
-        objective__loss__entropy_bonus="token_mean",
         rollout__group_size=8,
     ),
     _preset(
         "vespo",
         "VESPO (TRL loss_type 'vespo'): −sg(φ(w))·A·logp, φ(w) = exp(λ + k log w − λw) of the summed "
-        "sequence log ratio, k/λ = 2/3 for A ≥ 0 and 3/2 otherwise (TRL's defaults), token-mean.",
+        "sequence log ratio, k/λ = 2/3 for A ≥ 0 and 3/2 otherwise (TRL's defaults), token-mean."
+        + _TRL_INERT,
         objective__kl_coef=0.0,
         objective__loss__objective="vespo",
         objective__loss__aggregation="token_mean",
-        objective__loss__kl_bias_correction=True,
-        objective__loss__entropy_bonus="token_mean",
         rollout__group_size=8,
     ),
     # The seed's advantage is a z-score of (r − pool baseline); the baseline cancels under a z-score (T1b), so

@@ -7,7 +7,7 @@ A `Problem` carries everything the sandbox needs to grade a completion:
 
 * `tests`: parent-graded tests (`grpo_jax.sandbox.asserts`): only `call` (a Python expression) is evaluated
   in the sandboxed child; the expected side (plain data) never leaves the parent, which judges the child's
-  returned value (SANDBOX.md §3, "Grading: the parent decides").
+  returned value (docs/SANDBOX.md §3, "Grading: the parent decides").
 * `child_check`: the asserts that cannot be split that way (loops, helpers, asserts on locals); they run in
   the sandbox's two-process checker, on plain data, and every verdict says whether one was involved.
 * `time_limit_s`: a wall-time limit of its own (from its reference's measured run time,

@@ -1,4 +1,4 @@
-"""Fixed-capacity prioritized replay with a functional sum tree (GRPO_MATH.md §3 row 15).
+"""Fixed-capacity prioritized replay with a functional sum tree (docs/GRPO_MATH.md §3 row 15).
 
 Prioritized experience replay (Schaul et al. 2015, arXiv 1511.05952): item i is drawn with probability
 

@@ -5,7 +5,8 @@ The run seed is split ONCE into named streams (`streams(seed)`); a key is then a
     key = derive(streams["rollout"], step, "policy_sample", round)     # ints are folded as they are,
     key = derive(streams["init"], "model")                              # names by a 32-bit hash of the name
 
-so the key of step n never depends on how many keys earlier code drew (ARCHITECTURE.md §3 rule 5), and two
+so the key of step n never depends on how many keys earlier code drew (docs/ARCHITECTURE.md §3 rule 5), and
+two
 consumers never share a key as long as each one gets its own name. Consumers fold only small integers (token
 index, member index) into the key they are given; name hashes are forced >= 2**24 so a name never collides
 with such an index below the same parent key. `tests/test_rng.py` checks that all keys of one step are

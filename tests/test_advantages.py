@@ -1,4 +1,4 @@
-"""Tests for grpo_jax.core.advantages against GRPO_MATH.md §4 T1 / T1b (literal expected values)."""
+"""Tests for grpo_jax.core.advantages against docs/GRPO_MATH.md §4 T1 / T1b (literal expected values)."""
 
 import jax
 import jax.numpy as jnp

@@ -19,7 +19,7 @@ from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step
 from grpo_jax.types import batch_from_samples
 
 V, P, B, G, T = 8, 4, 4, 4, 4
@@ -39,7 +39,7 @@ def fresh_state(seed: int = 0, obj: ObjectiveConfig = OBJ, model: tfm.Transforme
 @pytest.fixture(scope="module")
 def loop():
     """step(state) -> (state, metrics as floats): one token-task GRPO iteration, compiled once."""
-    train_step = make_train_step(transformer_logits_fn(MODEL), OBJ, make_optimizer(OPTIM))
+    train_step = make_train_step(MODEL, OBJ, make_optimizer(OPTIM))
     sampler = sampling.make_sampler(MODEL, group=G, max_new=T, eos_id=-1, pad_id=0)
     sp = sampling.sampling_params(1.0)
 

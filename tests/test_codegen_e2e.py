@@ -155,11 +155,11 @@ def _check_export(wd):
 
     from grpo_jax.policies import transformer as tfm
     from grpo_jax.pretrained.api import load_pretrained, load_tokenizer
-    from grpo_jax.train import loop
+    from grpo_jax.train.export import open_checkpoint, policy_params
 
-    r, state = loop.open_checkpoint(str(wd), print_fn=lambda s: None)
+    r, state = open_checkpoint(str(wd), print_fn=lambda s: None)
     try:
-        params = loop.policy_params(r, state)
+        params = policy_params(r, state)
     finally:
         r.ckpt.close()
     model = transformers.AutoModelForCausalLM.from_pretrained(wd / "hf", dtype=torch.float32).eval()

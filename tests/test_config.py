@@ -14,6 +14,7 @@ from grpo_jax.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FLAGFILES = ROOT / "experiments" / "flagfiles"
+PRETRAINED = "--init_from=smollm2-135m-instruct"
 
 
 def resolve(*args, workdir="/tmp/never"):
@@ -23,6 +24,14 @@ def resolve(*args, workdir="/tmp/never"):
     argv = ["prog", f"--workdir={workdir}", *args]
     fv(argv)
     return cli.config_from_flags(fv, fv.read_flags_from_files(argv[1:], force_gnu=False))
+
+
+def _resume_check():
+    """(check_resumable, RunConfigError) of the main job's resume (grpo_jax.train.resume)."""
+    from grpo_jax.train.build import RunConfigError
+    from grpo_jax.train.resume import check_resumable
+
+    return check_resumable, RunConfigError
 
 
 def test_every_field_is_one_flag_with_help():
@@ -46,7 +55,13 @@ def test_defaults_equal_the_tree_defaults():
 
 
 def test_types_lists_schedules_and_none():
-    args = ["--eval_ks=1,4", "--pool_capacity=8", "--pool_k_schedule=0:2,10:8", "--dual_clip=3"]
+    args = [
+        "--eval_ks=1,4",
+        "--baseline=pool",
+        "--pool_capacity=8",
+        "--pool_k_schedule=0:2,10:8",
+        "--dual_clip=3",
+    ]
     args += ["--kl_coef=0.03", "--kl_schedule=0:0.03,100:0.01", "--noqkv_bias", "--tis_cap=none"]
     cfg, _ = resolve(*args)
     assert cfg.eval.ks == (1, 4) and cfg.pool.k_schedule == ((0, 2), (10, 8))
@@ -70,9 +85,16 @@ def test_flag_after_the_preset_wins_and_says_so():
     assert cfg.objective.kl_coef == 0.001
 
 
-def test_trl_default_keeps_its_kl_bias_correction():
-    cfg, _ = resolve(f"--flagfile={FLAGFILES / 'trl_default.flags'}")
-    assert cfg.objective.loss.kl_bias_correction is True
+def test_trl_default_keeps_its_recipe_over_the_quickstart():
+    cfg, notes = resolve(f"--flagfile={FLAGFILES / 'trl_default.flags'}")
+    assert cfg.objective.loss.aggregation == "token_mean" and cfg.objective.kl_coef == 0.0
+    # TRL's bias-corrected KL is inert at its β = 0 (a sub-setting of a switched-off KL): named in the notes,
+    # and taken with a β
+    assert cfg.objective.loss.kl_bias_correction is False and "add --kl_bias_correction" in notes[-1]
+    cfg, _ = resolve(
+        f"--flagfile={FLAGFILES / 'trl_default.flags'}", "--kl_coef=0.05", "--kl_bias_correction"
+    )
+    assert cfg.objective.loss.kl_bias_correction is True and cfg.objective.uses_reference
 
 
 @pytest.mark.parametrize(
@@ -81,7 +103,11 @@ def test_trl_default_keeps_its_kl_bias_correction():
         (["--kl_coef=-1"], "--kl_coef=-1.0: must be >= 0"),
         (["--group_size=1"], "--group_size=1: must be >= 2"),
         (["--kl_anchor=old", "--kl_coef=0.04"], "--kl_anchor=old: with num_iterations=1"),
-        (["--controller=seed_entropy", "--controller_horizon=5"], "--controller_horizon=5: not a parameter"),
+        (
+            ["--controller=seed_entropy", "--controller_horizon=5"],
+            "--controller_horizon=5: only used with --controller=ziegler_kl (a parameter of those "
+            "controllers); this run has --controller=seed_entropy",
+        ),
         (["--controller=ziegler_kl", "--kl_coef=0"], "--kl_coef=0.0: controller 'ziegler_kl' scales"),
         (["--kl_schedule=0:0.03,10:0.01"], "--kl_schedule=0:0.03,10:0.01: its step-0 value must equal"),
         (["--kl_schedule=5:0.04"], "--kl_schedule=5:0.04: steps must start at 0"),
@@ -115,7 +141,7 @@ def test_config_errors_name_the_field_in_library_use():
     with pytest.raises(ConfigError, match=r"RunConfig.rollout.prompts_per_step=999"):
         C.RunConfig(workdir="x", rollout=C.RolloutConfig(prompts_per_step=999))
     # the KL to π_old is legal when μ > 1 makes it non-zero
-    C.ObjectiveConfig(num_iterations=2, loss=C.GRPOLossConfig(kl_anchor="old"))
+    C.ObjectiveConfig(num_iterations=2, loss=C.PolicyLossConfig(kl_anchor="old"))
 
 
 def test_derived_max_len_follows_max_new_tokens():
@@ -191,8 +217,8 @@ def test_a_run_saved_before_the_scale_out_fields_still_resumes():
     """Saved configs from before mesh/dist/mini/micro-batches and the remat policies (migrate_saved): new
     fields at their defaults, the remat bool and the removed mesh.model are not differences; a real one is."""
     from grpo_jax.config import RunConfig
-    from grpo_jax.train.loop import RunConfigError, _check_resumable
 
+    _check_resumable, RunConfigError = _resume_check()
     cfg = RunConfig(workdir="w")
     saved = cfg.to_json()
     del saved["objective"]["mini_batches"], saved["optim"]["micro_batches"], saved["dist"]
@@ -208,3 +234,87 @@ def test_a_run_saved_before_the_scale_out_fields_still_resumes():
     saved["model"]["d_model"] = cfg.model.d_model * 2
     with pytest.raises(RunConfigError, match=r"model.d_model"):
         _check_resumable(cfg, saved)
+
+
+def test_a_pretrained_model_gets_pretrained_model_defaults_and_says_so():
+    """--init_from: no SFT and chat prompts unless given (issue 23 item 9; before: 300 SFT steps at lr 3e-3 on
+    the procedural suite and plain prompts, silently); the line is printed and kept in run.json's notes."""
+    cfg, notes = resolve(PRETRAINED)
+    assert (cfg.sft.steps, cfg.tasks.prompt_format, cfg.tasks.prompt.kind) == (0, "chat", "chat")
+    shown = cfg.to_json()  # what --dry_run prints: the resolved values
+    assert (shown["sft"]["steps"], shown["tasks"]["prompt_format"]) == (0, "chat")
+    assert notes == [
+        "init_from: pretrained-model defaults: --sft_steps=0 (no SFT), --prompt_format=chat "
+        "(give them to override)"
+    ]
+    # an explicit value wins wherever it is written (last setting wins), and the note leaves it out
+    cfg, notes = resolve("--sft_steps=50", PRETRAINED, "--prompt_format=plain")
+    assert (cfg.sft.steps, cfg.tasks.prompt_format, notes) == (50, "plain", [])
+    cfg, notes = resolve(PRETRAINED, "--sft_steps=0")
+    assert notes == ["init_from: pretrained-model default: --prompt_format=chat (give it to override)"]
+    cfg, notes = resolve("--sft_steps=7", "--sft_steps=auto", PRETRAINED)  # auto: the model decides
+    assert cfg.sft.steps == 0 and "--sft_steps=0 (no SFT)" in notes[0]
+    # from scratch: the from-scratch defaults, no note
+    cfg, notes = resolve()
+    assert (cfg.sft.steps, cfg.tasks.prompt_format, notes) == (300, "plain", [])
+    # library use: the same resolution (RunConfig._derive)
+    cfg = C.RunConfig(workdir="x", model=C.ModelConfig(init_from="smollm2-135m-instruct"))
+    assert (cfg.sft.steps, cfg.tasks.prompt_format) == (0, "chat")
+    # an SFT setting next to the no-SFT default would silently do nothing: refused, saying what to give
+    with pytest.raises(
+        cli.FlagError, match=r"^--sft_lr=1e-05: a pretrained model \(--init_from\) gets no SFT"
+    ):
+        resolve(PRETRAINED, "--sft_lr=1e-5")
+    cfg, _ = resolve(PRETRAINED, "--sft_steps=20", "--sft_lr=1e-5")
+    assert (cfg.sft.steps, cfg.sft.lr) == (20, 1e-5)
+    # "none" / "off" would read as "no SFT": only a number or auto
+    with pytest.raises(flags.IllegalFlagValueError):
+        resolve("--sft_steps=none")
+
+
+def test_pretrained_defaults_resume_and_keep_the_sft_inputs_check():
+    """A run saved with the resolved values resumes; the auto default and the same value given explicitly
+    are the same run (config.SFT_INPUTS, --sft_from); a run saved with the old from-scratch defaults is a
+    different run and resumes only with those values given."""
+    _check_resumable, RunConfigError = _resume_check()
+    cfg, _ = resolve(PRETRAINED)
+    _check_resumable(cfg, cfg.to_json())
+    explicit, _ = resolve(PRETRAINED, "--sft_steps=0", "--prompt_format=chat")
+    assert explicit == cfg
+    a, b = C.flat_dict(cfg.to_json()), C.flat_dict(explicit.to_json())
+    assert [k for k in a if C.is_sft_input(k) and a[k] != b[k]] == []
+    scratch, _ = resolve(PRETRAINED, "--sft_steps=300", "--prompt_format=plain")
+    c = C.flat_dict(scratch.to_json())
+    assert [k for k in a if C.is_sft_input(k) and a[k] != c[k]] == ["tasks.prompt_format", "sft.steps"]
+    old = (
+        scratch.to_json()
+    )  # what a pretrained run saved before this change (it got 300 steps, plain prompts)
+    with pytest.raises(RunConfigError, match=r"different configuration \(sft.steps, tasks.prompt_format\)"):
+        _check_resumable(cfg, old)
+    _check_resumable(scratch, old)
+    # a saved config read back (export.open_checkpoint): its explicit values, not the auto defaults
+    from grpo_jax.train.export import config_from_saved
+
+    back = config_from_saved(old)
+    assert (back.sft.steps, back.tasks.prompt_format) == (300, "plain") and back == scratch
+
+
+def test_runs_saved_before_the_issue_23_defaults_still_resume():
+    """The exploration noise's default (0.02 -> 0.2) and the TRL presets' inert KL / entropy-bonus forms
+    changed: where the saved run had that mechanism off, the saved value had no effect and reads as today's
+    (config.migrate_saved), so the run resumes; where it was on, the value was real and the run differs."""
+    check, RunConfigError = _resume_check()
+    cfg, _ = resolve(f"--flagfile={FLAGFILES / 'trl_default.flags'}")
+    saved = cfg.to_json()
+    saved["pool"]["explore_noise"] = 0.02  # the old default; no exploration members: no effect
+    saved["objective"]["loss"]["kl_bias_correction"] = True  # the old trl_default preset, at β = 0
+    saved["objective"]["loss"]["entropy_bonus"] = "token_mean"  # ... and entropy_coef = 0
+    check(cfg, saved)
+    noisy = ("--pool_explore_fraction=0.2", "--pool_explore_mode=param_noise")
+    cfg, _ = resolve(f"--flagfile={FLAGFILES / 'ablate_pool.flags'}", *noisy)
+    saved = cfg.to_json()
+    saved["pool"]["explore_noise"] = 0.02  # parameter-noise members at 0.02: that run had them
+    with pytest.raises(RunConfigError, match=r"different configuration \(pool.explore_noise\)"):
+        check(cfg, saved)
+    again, _ = resolve(f"--flagfile={FLAGFILES / 'ablate_pool.flags'}", *noisy, "--pool_explore_noise=0.02")
+    check(again, saved)

@@ -1,4 +1,4 @@
-"""Tests for grpo_jax.core.controllers against GRPO_MATH.md §4 T9 (literal expected values)."""
+"""Tests for grpo_jax.core.controllers against docs/GRPO_MATH.md §4 T9 (literal expected values)."""
 
 import jax
 import jax.numpy as jnp

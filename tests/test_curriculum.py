@@ -1,4 +1,4 @@
-"""Tests for grpo_jax.curriculum (GRPO_MATH.md §3 row 13) with hand-derived literal values."""
+"""Tests for grpo_jax.curriculum (docs/GRPO_MATH.md §3 row 13) with hand-derived literal values."""
 
 import jax
 import jax.numpy as jnp

@@ -55,7 +55,7 @@ def _ok(proc, wd):
 
 
 def _params(wd: Path):
-    from grpo_jax.train.loop import open_checkpoint
+    from grpo_jax.train.export import open_checkpoint
 
     r, state = open_checkpoint(str(wd), print_fn=lambda *a: None)
     try:
@@ -120,7 +120,7 @@ def test_every_layout_equals_one_device(runs):
 
 
 def _params_at(wd: Path, step: int):
-    from grpo_jax.train.loop import open_checkpoint
+    from grpo_jax.train.export import open_checkpoint
 
     r, state = open_checkpoint(str(wd), step, print_fn=lambda *a: None)
     try:

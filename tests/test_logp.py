@@ -13,9 +13,9 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import logp as logp_mod
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
-from grpo_jax.policies.logp import chunked_token_logp, make_logp_fn
+from grpo_jax.policies.logp import chunked_token_logp, make_logp_fn, policy_logp_fn
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import logp_from_logits, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step
 from grpo_jax.types import batch_from_samples
 
 LEAD, D, V = (2, 3, 8), 16, 50  # N = 48 positions
@@ -160,15 +160,15 @@ def test_make_logp_fn_equals_logits_path_with_param_gradients():
 
         return jax.jit(jax.value_and_grad(f))(params)
 
-    _assert_close(loss(make_logp_fn(cfg, chunk=24)), loss(logp_from_logits(transformer_logits_fn(cfg))), 1e-5)
+    _assert_close(loss(make_logp_fn(cfg, chunk=24)), loss(policy_logp_fn(cfg)), 1e-5)
 
 
-def _train(logp_fn, logits_fn, steps=2):
+def _train(model, steps=2):
     obj = ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01)  # β > 0: the reference pass runs too
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-4))
     params = tfm.init_params(CFG, jax.random.PRNGKey(0))
     state = init_state(params, obj, optimizer, seed=0)
-    step = make_train_step(logits_fn, obj, optimizer, logp_fn=logp_fn)
+    step = make_train_step(model, obj, optimizer)
     sampler = sampling.make_sampler(CFG, group=G, max_new=T, eos_id=1, pad_id=0)
     for i in range(steps):
         prompt, pmask = tt.make_prompts(jax.random.PRNGKey(i), B, P, CFG.vocab_size)
@@ -182,8 +182,8 @@ def _train(logp_fn, logits_fn, steps=2):
 def test_train_step_with_chunked_head_equals_logits_path():
     # Adam normalises each gradient component, so float-rounding differences in near-zero components move
     # parameters by up to ~lr: compare at a small learning rate (as test_train_step's jit-vs-no-jit check).
-    p1, m1 = _train(make_logp_fn(CFG, chunk=32), None)  # 80 positions: chunks of 32, 32, 16 (+16 padding)
-    p0, m0 = _train(None, transformer_logits_fn(CFG))
+    p1, m1 = _train(dataclasses.replace(CFG, logp_chunk=32))  # 80 positions: chunks of 32, 32, 16 (+16 pad)
+    p0, m0 = _train(CFG)
     p_init = jax.tree.leaves(tfm.init_params(CFG, jax.random.PRNGKey(0)))
     moved = max(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(p0), p_init, strict=True))
     assert moved > 1e-4  # the comparison below is not vacuous: two steps of lr 1e-4 moved the parameters

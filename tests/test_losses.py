@@ -1,4 +1,5 @@
-"""Tests for grpo_jax.core.losses against GRPO_MATH.md §4 T2–T8 (literal expected values)."""
+"""The loss math (grpo_jax.core.kl / surrogates / aggregation / value; grpo_jax.algorithms.policy_loss)
+against docs/GRPO_MATH.md §4 T2–T8 (literal expected values)."""
 
 import functools
 
@@ -7,7 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.core import losses as L
+from grpo_jax.algorithms import policy_loss as P
+from grpo_jax.config import PolicyLossConfig
+from grpo_jax.core import advantages as ADV
+from grpo_jax.core import aggregation as AGG
+from grpo_jax.core import kl as KL
+from grpo_jax.core import surrogates as S
+from grpo_jax.core import value as V
 
 ATOL = 1e-5
 
@@ -29,7 +36,7 @@ T2_ROWS = [
 def test_t2_rows_vectorised_and_jit():
     lp, lo, a, el, eh, rho, obj, clip = (np.array(c) for c in zip(*T2_ROWS, strict=True))
     clip = np.array([list(c) for c in clip])
-    for fn in (L.clipped_surrogate, jax.jit(L.clipped_surrogate)):
+    for fn in (S.clipped_surrogate, jax.jit(S.clipped_surrogate)):
         out, aux = fn(
             jnp.array(lp), jnp.array(lo), jnp.array(a), eps_low=jnp.array(el), eps_high=jnp.array(eh)
         )
@@ -39,7 +46,7 @@ def test_t2_rows_vectorised_and_jit():
         np.testing.assert_allclose(aux.is_high_clipped, clip[:, 1], atol=0)
     # clipped exactly when the policy gradient is zero (rule under T2)
     grad = jax.grad(
-        lambda x: L.clipped_surrogate(
+        lambda x: S.clipped_surrogate(
             x, jnp.array(lo), jnp.array(a), eps_low=jnp.array(el), eps_high=jnp.array(eh)
         )[0].sum()
     )(jnp.array(lp))
@@ -53,25 +60,25 @@ def test_dual_clip_and_delta():
     lp = jnp.log(jnp.array([5.0, 5.0, 0.5]))  # rho = 5, 5, 0.5 (logp_old = 0)
     lo = jnp.zeros(3)
     a = jnp.array([-1.0, 1.0, 1.0])
-    out, _ = L.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2)
+    out, _ = S.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2)
     np.testing.assert_allclose(out, [-5.0, 1.2, 0.5], atol=ATOL)
     # dual clip c=3: for A<0 the objective is max(min(...), c*A) = max(-5, -3) = -3
-    out, _ = L.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2, dual_clip=3.0)
+    out, _ = S.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2, dual_clip=3.0)
     np.testing.assert_allclose(out, [-3.0, 1.2, 0.5], atol=ATOL)
     # delta 4: unclipped branch uses min(rho, 4): min(-4, -1.2) = -4; clip metrics see the clamped ratio.
-    out, aux = L.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2, delta=4.0)
+    out, aux = S.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2, delta=4.0)
     np.testing.assert_allclose(out, [-4.0, 1.2, 0.5], atol=ATOL)
     np.testing.assert_allclose(aux.is_high_clipped, [0.0, 1.0, 0.0])
     np.testing.assert_allclose(aux.ratio, [5.0, 5.0, 0.5], atol=ATOL)
     # delta = 1.1 < 1 + eps_high: the clamped ratio 1.1 is NOT counted as high-clipped (TRL metric order)
-    _, aux = L.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2, delta=1.1)
+    _, aux = S.clipped_surrogate(lp, lo, a, eps_low=0.2, eps_high=0.2, delta=1.1)
     np.testing.assert_allclose(aux.is_high_clipped, [0.0, 0.0, 0.0])
 
 
 def test_surrogate_stop_gradients():
     lp, lo, a = jnp.array([-0.8]), jnp.array([-1.0]), jnp.array([-1.0])
-    g_old = jax.grad(lambda x: L.clipped_surrogate(lp, x, a, eps_low=0.2, eps_high=0.2)[0].sum())(lo)
-    g_adv = jax.grad(lambda x: L.clipped_surrogate(lp, lo, x, eps_low=0.2, eps_high=0.2)[0].sum())(a)
+    g_old = jax.grad(lambda x: S.clipped_surrogate(lp, x, a, eps_low=0.2, eps_high=0.2)[0].sum())(lo)
+    g_adv = jax.grad(lambda x: S.clipped_surrogate(lp, lo, x, eps_low=0.2, eps_high=0.2)[0].sum())(a)
     np.testing.assert_array_equal(g_old, [0.0])
     np.testing.assert_array_equal(g_adv, [0.0])
 
@@ -94,24 +101,24 @@ T3 = np.array(
 def test_t3_kl_estimators_and_k3_gradient():
     lp, lr = jnp.array(T3[:, 0]), jnp.array(T3[:, 1])
     for kind, col in (("k1", 2), ("k2", 3), ("k3", 4)):
-        np.testing.assert_allclose(L.kl_penalty(lp, lr, kind=kind), T3[:, col], atol=ATOL)
-        jitted = jax.jit(functools.partial(L.kl_penalty, kind=kind))
+        np.testing.assert_allclose(KL.kl_penalty(lp, lr, kind=kind), T3[:, col], atol=ATOL)
+        jitted = jax.jit(functools.partial(KL.kl_penalty, kind=kind))
         np.testing.assert_allclose(jitted(lp, lr), T3[:, col], atol=ATOL)
-    g = jax.grad(lambda x: L.kl_penalty(x, lr, kind="k3").sum())(lp)
+    g = jax.grad(lambda x: KL.kl_penalty(x, lr, kind="k3").sum())(lp)
     np.testing.assert_allclose(g, T3[:, 5], atol=ATOL)
-    g_ref = jax.grad(lambda x: L.kl_penalty(lp, x, kind="k3").sum())(lr)
+    g_ref = jax.grad(lambda x: KL.kl_penalty(lp, x, kind="k3").sum())(lr)
     np.testing.assert_array_equal(g_ref, np.zeros(4))  # the anchor is stop-gradient'ed
-    assert np.all(np.asarray(L.kl_penalty(lp, lr, kind="k3")) >= 0)
+    assert np.all(np.asarray(KL.kl_penalty(lp, lr, kind="k3")) >= 0)
 
 
 def test_k3_is_finite_for_extreme_inputs():
     lp = jnp.array([-200.0, 0.0, -1e4])
     lr = jnp.array([0.0, -200.0, 0.0])
-    v = L.kl_penalty(lp, lr, kind="k3")
-    g = jax.grad(lambda x: L.kl_penalty(x, lr, kind="k3").sum())(lp)
+    v = KL.kl_penalty(lp, lr, kind="k3")
+    g = jax.grad(lambda x: KL.kl_penalty(x, lr, kind="k3").sum())(lp)
     assert np.all(np.isfinite(v)) and np.all(np.isfinite(g))
     with pytest.raises(ValueError, match="k1.*k2.*k3"):
-        L.kl_penalty(lp, lr, kind="k4")
+        KL.kl_penalty(lp, lr, kind="k4")
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -131,7 +138,7 @@ T4_ROWS = [
 
 @pytest.mark.parametrize("mode, loss, weights", T4_ROWS)
 def test_t4_aggregation(mode, loss, weights):
-    f = functools.partial(L.aggregate, mode=mode, max_len=4)
+    f = functools.partial(AGG.aggregate, mode=mode, max_len=4)
     np.testing.assert_allclose(f(T4_LOSS, T4_MASK), loss, atol=ATOL)
     np.testing.assert_allclose(jax.jit(f)(T4_LOSS, T4_MASK), loss, atol=ATOL)
     np.testing.assert_allclose(jax.grad(f)(T4_LOSS, T4_MASK), weights, atol=ATOL)
@@ -141,23 +148,23 @@ def test_aggregate_seq_mean_and_edge_cases():
     # seq_mean: [...]-shaped per-sequence values, or the value broadcast over T
     per_seq = jnp.array([-1.0, 1.0, 3.0])
     mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # third sequence fully masked
-    np.testing.assert_allclose(L.aggregate(per_seq, mask, mode="seq_mean"), 1.0, atol=ATOL)
+    np.testing.assert_allclose(AGG.aggregate(per_seq, mask, mode="seq_mean"), 1.0, atol=ATOL)
     np.testing.assert_allclose(
-        L.aggregate(jnp.broadcast_to(per_seq[:, None], (3, 3)), mask, mode="seq_mean"), 0.0, atol=ATOL
+        AGG.aggregate(jnp.broadcast_to(per_seq[:, None], (3, 3)), mask, mode="seq_mean"), 0.0, atol=ATOL
     )
     # no valid tokens at all: finite zero, finite gradient
     zero_mask = jnp.zeros((2, 3))
-    for mode in L.AGGREGATIONS:
-        v = L.aggregate(jnp.ones((2, 3)), zero_mask, mode=mode, max_len=3)
-        g = jax.grad(lambda x, mode=mode: L.aggregate(x, zero_mask, mode=mode, max_len=3))(jnp.ones((2, 3)))
+    for mode in AGG.AGGREGATIONS:
+        v = AGG.aggregate(jnp.ones((2, 3)), zero_mask, mode=mode, max_len=3)
+        g = jax.grad(lambda x, mode=mode: AGG.aggregate(x, zero_mask, mode=mode, max_len=3))(jnp.ones((2, 3)))
         assert float(v) == 0.0 and np.all(np.isfinite(g))
     with pytest.raises(ValueError, match="max_len"):
-        L.aggregate(jnp.ones((2, 3)), zero_mask, mode="constant")
+        AGG.aggregate(jnp.ones((2, 3)), zero_mask, mode="constant")
     with pytest.raises(ValueError, match="seq_mean_token_mean.*token_mean.*constant.*seq_mean"):
-        L.aggregate(jnp.ones((2, 3)), zero_mask, mode="mean")
+        AGG.aggregate(jnp.ones((2, 3)), zero_mask, mode="mean")
     # token_count override (global token count of an accumulated batch)
     np.testing.assert_allclose(
-        L.aggregate(T4_LOSS, T4_MASK, mode="token_mean", token_count=12.0), 2.0 / 12.0, atol=ATOL
+        AGG.aggregate(T4_LOSS, T4_MASK, mode="token_mean", token_count=12.0), 2.0 / 12.0, atol=ATOL
     )
 
 
@@ -263,13 +270,13 @@ def _pad(rows, width=5):
 
 
 def _cfg(eps_high, aggregation="seq_mean_token_mean", **kw):
-    return L.GRPOLossConfig(eps_low=0.2, eps_high=eps_high, aggregation=aggregation, max_len=4, **kw)
+    return PolicyLossConfig(eps_low=0.2, eps_high=eps_high, aggregation=aggregation, max_len=4, **kw)
 
 
 # Jitted once per (cfg, shapes): far cheaper on CPU than eager op-by-op dispatch. Eager == jit is checked
 # separately (test_t5_eager_matches_jit).
-grpo_loss_j = jax.jit(L.grpo_loss, static_argnames=("cfg",))
-grpo_per_token_loss_j = jax.jit(L.grpo_per_token_loss, static_argnames=("cfg",))
+grpo_loss_j = jax.jit(P.policy_loss, static_argnames=("cfg",))
+grpo_per_token_loss_j = jax.jit(P.policy_per_token_loss, static_argnames=("cfg",))
 
 
 @pytest.mark.parametrize("row", range(len(T5_ROWS)))
@@ -292,13 +299,15 @@ def test_t5_eager_matches_jit():
     a, eps_high, beta, per_tok, _, tok_mean, _ = T5_ROWS[3]
     adv = jnp.array([a, -a])
     cfg = _cfg(eps_high, "token_mean")
-    eager, aux_e = L.grpo_loss(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
+    eager, aux_e = P.policy_loss(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
     jitted, aux_j = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
     np.testing.assert_allclose(eager, tok_mean, atol=ATOL)
     np.testing.assert_allclose(jitted, tok_mean, atol=ATOL)
     for e, j in zip(aux_e, aux_j, strict=True):
         np.testing.assert_allclose(e, j, atol=ATOL)
-    pt, _ = L.grpo_per_token_loss(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
+    pt, _ = P.policy_per_token_loss(
+        LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0
+    )
     np.testing.assert_allclose(np.asarray(pt) * np.asarray(MASK), _pad(per_tok), atol=ATOL)
 
 
@@ -316,7 +325,7 @@ def test_t5_gradients(aggregation):
     adv = jnp.array([A_DDOF1, -A_DDOF1])
 
     def f(lp, lo, lr, a):
-        return L.grpo_loss(lp, lo, lr, a, MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
+        return P.policy_loss(lp, lo, lr, a, MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
 
     g_lp, g_lo, g_lr, g_a = jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))(LP_NEW, LP_OLD, LP_REF, adv)
     np.testing.assert_allclose(g_lp, _pad(T5_GRADS[aggregation]), atol=ATOL)
@@ -423,7 +432,7 @@ def test_kl_coef_is_traced_no_retrace():
     @functools.partial(jax.jit, static_argnames=("cfg",))
     def f(logp, kl_coef, entropy_coef, *, cfg):
         traces.append(1)
-        return L.grpo_loss(
+        return P.policy_loss(
             logp,
             LP_OLD,
             LP_REF,
@@ -448,10 +457,10 @@ def test_zero_valid_tokens_no_nan():
     @jax.jit
     def all_modes(lp, m):  # every aggregation and importance level in one compile
         out = []
-        for aggregation in L.AGGREGATIONS:
-            for level in L.IMPORTANCE_LEVELS:
+        for aggregation in AGG.AGGREGATIONS:
+            for level in S.IMPORTANCE_LEVELS:
                 cfg = _cfg(0.2, aggregation, importance_level=level)
-                f = lambda x, cfg=cfg: L.grpo_loss(
+                f = lambda x, cfg=cfg: P.policy_loss(
                     x, LP_OLD, LP_REF, adv, m, cfg=cfg, kl_coef=0.04, entropy_coef=0.01, entropy=ent
                 )
                 out.append(jax.value_and_grad(f, has_aux=True)(lp))
@@ -475,7 +484,7 @@ def test_garbage_padding_is_harmless():
 
     @jax.jit
     def vg(x):
-        f = lambda y: L.grpo_loss(
+        f = lambda y: P.policy_loss(
             y,
             lo,
             lr,
@@ -505,7 +514,7 @@ def test_vmap_matches_loop():
     cfg = _cfg(0.28, "token_mean", dual_clip=3.0)
 
     def f(a, b, c, d, e):
-        return L.grpo_loss(a, b, c, d, e, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
+        return P.policy_loss(a, b, c, d, e, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
 
     vm = jax.jit(jax.vmap(f))(lp, lo, lr, adv, mask)
     fj = jax.jit(f)
@@ -530,19 +539,19 @@ def test_t6_gspo():
     lp_old = jnp.array([[-1.0, -1.0, -1.0, 0.0]])
     lp = lp_old + jnp.array([[0.1, -0.2, 0.4, 7.0]])  # token log-ratios 0.1, −0.2, 0.4 (+ one padded token)
     mask = jnp.array([[1, 1, 1, 0]], jnp.float32)
-    np.testing.assert_allclose(L.gspo_sequence_ratio(lp, lp_old, mask), [1.105171], atol=ATOL)
-    np.testing.assert_allclose(jax.jit(L.gspo_sequence_ratio)(lp, lp_old, mask), [1.105171], atol=ATOL)
-    tok = L.gspo_token_ratio(lp, lp_old, mask)
+    np.testing.assert_allclose(S.gspo_sequence_ratio(lp, lp_old, mask), [1.105171], atol=ATOL)
+    np.testing.assert_allclose(jax.jit(S.gspo_sequence_ratio)(lp, lp_old, mask), [1.105171], atol=ATOL)
+    tok = S.gspo_token_ratio(lp, lp_old, mask)
     np.testing.assert_allclose(tok[0, :3], [1.105171] * 3, atol=ATOL)
-    tok_j = jax.jit(L.gspo_token_ratio)(lp, lp_old, mask)
+    tok_j = jax.jit(S.gspo_token_ratio)(lp, lp_old, mask)
     np.testing.assert_allclose(tok_j[0, :3], [1.105171] * 3, atol=ATOL)
     # d/dlogp of Σ_t s_{i,t} (GSPO-token) is s_i per token; of s_i (GSPO) it is s_i/|o_i|.
-    g_tok = jax.grad(lambda x: (L.gspo_token_ratio(x, lp_old, mask) * mask).sum())(lp)
+    g_tok = jax.grad(lambda x: (S.gspo_token_ratio(x, lp_old, mask) * mask).sum())(lp)
     np.testing.assert_allclose(g_tok[0, :3], [1.105171] * 3, atol=ATOL)
-    g_seq = jax.grad(lambda x: L.gspo_sequence_ratio(x, lp_old, mask).sum())(lp)
+    g_seq = jax.grad(lambda x: S.gspo_sequence_ratio(x, lp_old, mask).sum())(lp)
     np.testing.assert_allclose(g_seq[0], [1.105171 / 3] * 3 + [0.0], atol=ATOL)
 
-    cfg = L.GRPOLossConfig(eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean", importance_level="sequence")
+    cfg = PolicyLossConfig(eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean", importance_level="sequence")
     for a, obj in ((1.0, 1.000400), (-1.0, -1.105171)):
         loss, aux = grpo_loss_j(
             lp, lp_old, None, jnp.array([a]), mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0
@@ -561,8 +570,8 @@ def test_gspo_token_gradient_equals_gspo_when_unclipped():
 
     @functools.partial(jax.jit, static_argnames=("level",))
     def vg(x, level):
-        cfg = L.GRPOLossConfig(eps_low=0.9, eps_high=10.0, importance_level=level)
-        f = lambda y: L.grpo_loss(y, lp_old, None, adv, mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0)[0]
+        cfg = PolicyLossConfig(eps_low=0.9, eps_high=10.0, importance_level=level)
+        f = lambda y: P.policy_loss(y, lp_old, None, adv, mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0)[0]
         return jax.value_and_grad(f)(x)
 
     (v_seq, g_seq), (v_tok, g_tok) = vg(lp, "sequence"), vg(lp, "sequence_token")
@@ -579,15 +588,15 @@ def test_t7_soft_overlong():
     lengths = jnp.array([16000, 16384, 18432, 20480, 20481])
     expected = [0.0, 0.0, -0.5, -1.0, -1.0]
     np.testing.assert_allclose(
-        L.soft_overlong_punishment(lengths, max_len=20480, cache_len=4096), expected, atol=ATOL
+        ADV.soft_overlong_punishment(lengths, max_len=20480, cache_len=4096), expected, atol=ATOL
     )
-    f = jax.jit(functools.partial(L.soft_overlong_punishment, max_len=20480, cache_len=4096))
+    f = jax.jit(functools.partial(ADV.soft_overlong_punishment, max_len=20480, cache_len=4096))
     np.testing.assert_allclose(f(lengths), expected, atol=ATOL)
     np.testing.assert_allclose(
-        L.soft_overlong_punishment(jnp.array(90), max_len=100, cache_len=20), -0.5, atol=ATOL
+        ADV.soft_overlong_punishment(jnp.array(90), max_len=100, cache_len=20), -0.5, atol=ATOL
     )  # TRL docstring example
     with pytest.raises(ValueError, match="cache_len"):
-        L.soft_overlong_punishment(lengths, max_len=10, cache_len=20)
+        ADV.soft_overlong_punishment(lengths, max_len=10, cache_len=20)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -600,11 +609,11 @@ def test_entropy_from_logits():
         [[0.0, 0.0, 0.0, 0.0], [0.0, -jnp.inf, -jnp.inf, -jnp.inf], [1.0, 1.0, -jnp.inf, -jnp.inf]]
     )
     expected = [1.386294, 0.0, 0.693147]  # log 4, 0, log 2
-    np.testing.assert_allclose(L.entropy_from_logits(logits), expected, atol=ATOL)
+    np.testing.assert_allclose(AGG.entropy_from_logits(logits), expected, atol=ATOL)
     np.testing.assert_allclose(
-        jax.jit(L.entropy_from_logits)(logits.astype(jnp.bfloat16)), expected, atol=ATOL
+        jax.jit(AGG.entropy_from_logits)(logits.astype(jnp.bfloat16)), expected, atol=ATOL
     )
-    assert L.entropy_from_logits(logits.astype(jnp.bfloat16)).dtype == jnp.float32
+    assert AGG.entropy_from_logits(logits.astype(jnp.bfloat16)).dtype == jnp.float32
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -620,13 +629,13 @@ def test_t8_gae():
         (1.0, [0.46575, 0.385, 0.3], [0.96575, 0.985, 1.0]),
         (0.99, [0.446829, 0.37515, 0.3], [0.946829, 0.97515, 1.0]),
     ):
-        adv, ret = L.gae(r, v, m, gamma=gamma, lam=0.95)
+        adv, ret = V.gae(r, v, m, gamma=gamma, lam=0.95)
         np.testing.assert_allclose(adv, [adv_exp + [0.0]], atol=ATOL)
         np.testing.assert_allclose(ret, [ret_exp + [0.0]], atol=ATOL)
-        f = jax.jit(functools.partial(L.gae, gamma=gamma, lam=0.95))
+        f = jax.jit(functools.partial(V.gae, gamma=gamma, lam=0.95))
         np.testing.assert_allclose(f(r, v, m)[0], [adv_exp + [0.0]], atol=ATOL)
     # bootstrap value after a truncated sequence: the last δ gets γ·last_value
-    adv, _ = L.gae(r, v, m, gamma=1.0, lam=0.95, last_value=jnp.array([1.0]))
+    adv, _ = V.gae(r, v, m, gamma=1.0, lam=0.95, last_value=jnp.array([1.0]))
     np.testing.assert_allclose(adv[0, 2], 1.3, atol=ATOL)
 
 
@@ -634,40 +643,45 @@ def test_t8_kl_shaped_rewards_then_gae():
     lp = jnp.array([[-1.0, -0.5, -2.0, 0.0]])
     lr = jnp.array([[-1.2, -0.5, -1.5, 4.0]])
     m = jnp.array([[1.0, 1.0, 1.0, 0.0]])
-    shaped = L.kl_shaped_rewards(jnp.array([1.0]), lp, lr, m, kl_coef=0.05, kind="k1")
+    shaped = V.kl_shaped_rewards(jnp.array([1.0]), lp, lr, m, kl_coef=0.05, kind="k1")
     np.testing.assert_allclose(shaped, [[-0.01, 0.0, 1.025, 0.0]], atol=ATOL)
-    f = jax.jit(functools.partial(L.kl_shaped_rewards, kind="k1"))
+    f = jax.jit(functools.partial(V.kl_shaped_rewards, kind="k1"))
     np.testing.assert_allclose(
         f(jnp.array([1.0]), lp, lr, m, kl_coef=0.05), [[-0.01, 0.0, 1.025, 0.0]], atol=ATOL
     )
-    adv, ret = L.gae(shaped, jnp.array([[0.5, 0.6, 0.7, 0.0]]), m, gamma=1.0, lam=0.95)
+    adv, ret = V.gae(shaped, jnp.array([[0.5, 0.6, 0.7, 0.0]]), m, gamma=1.0, lam=0.95)
     np.testing.assert_allclose(adv, [[0.478312, 0.40875, 0.325, 0.0]], atol=ATOL)
     np.testing.assert_allclose(ret, [[0.978312, 1.00875, 1.025, 0.0]], atol=ATOL)
 
 
 def test_t8_value_loss_and_ppo_loss():
     one = jnp.ones((1, 1))
-    loss, clip_frac = L.clipped_value_loss(0.9 * one, 0.5 * one, 1.0 * one, one, eps_v=0.2)
+    loss, clip_frac = V.clipped_value_loss(0.9 * one, 0.5 * one, 1.0 * one, one, eps_v=0.2)
     np.testing.assert_allclose(loss, 0.045, atol=ATOL)
     np.testing.assert_allclose(clip_frac, 1.0, atol=ATOL)
     np.testing.assert_allclose(
-        jax.jit(functools.partial(L.clipped_value_loss, eps_v=0.2))(0.9 * one, 0.5 * one, one, one)[0],
+        jax.jit(functools.partial(V.clipped_value_loss, eps_v=0.2))(0.9 * one, 0.5 * one, one, one)[0],
         0.045,
         atol=ATOL,
     )
-    # PPO: the four T2 tokens (ε 0.2): objectives [1.2, −1.221403, 0.740818, −0.8]; value pieces of T8.
+    # PPO (the one PPO loss: the LM's and the MLP agent's): the four T2 tokens (ε 0.2, token mean): objectives
+    # [1.2, −1.221403, 0.740818, −0.8]; value pieces of T8.
+    from grpo_jax.algorithms.ppo import ppo_loss
+
     lp = jnp.array([[-0.8, -0.8, -1.3, -1.3]])
     lo = -jnp.ones((1, 4))
     adv = jnp.array([[1.0, -1.0, 1.0, -1.0]])
     m = jnp.ones((1, 4))
     pg = -(1.2 - 1.221403 + 0.740818 - 0.8) / 4
-    for fn in (L.ppo_loss, jax.jit(L.ppo_loss)):
-        total, aux = fn(lp, lo, 0.9 * m, 0.5 * m, adv, m, m, eps=0.2, eps_v=0.2, vf_coef=0.1)
+    cfg = PolicyLossConfig(aggregation="token_mean", entropy_bonus="token_mean")
+    kw = dict(cfg=cfg, vf_coef=0.1, cliprange_value=0.2)
+    for fn in (ppo_loss, jax.jit(ppo_loss, static_argnames=("cfg", "vf_coef", "cliprange_value"))):
+        total, (aux, vaux) = fn(lp, lo, None, 0.9 * m, 0.5 * m, adv, m, m, **kw)
         np.testing.assert_allclose(aux.pg_loss, pg, atol=ATOL)
-        np.testing.assert_allclose(aux.vf_loss, 0.045, atol=ATOL)
+        np.testing.assert_allclose(vaux.vf_loss, 0.045, atol=ATOL)
         np.testing.assert_allclose(total, pg + 0.1 * 0.045, atol=ATOL)
-        np.testing.assert_allclose(aux.clip_frac, 0.5, atol=ATOL)
-    total, aux = L.ppo_loss(lp, lo, 0.9 * m, 0.5 * m, adv, m, m, entropy_coef=0.01, entropy=2.0 * m)
+        np.testing.assert_allclose(aux.clip_region_frac, 0.5, atol=ATOL)
+    total, _ = ppo_loss(lp, lo, None, 0.9 * m, 0.5 * m, adv, m, m, entropy_coef=0.01, entropy=2.0 * m, **kw)
     np.testing.assert_allclose(total, pg + 0.1 * 0.045 - 0.02, atol=ATOL)
 
 
@@ -694,21 +708,21 @@ def test_t8_value_loss_and_ppo_loss():
 )
 def test_config_validation(kw, field):
     with pytest.raises(ValueError, match=field):
-        L.GRPOLossConfig(**kw)
+        PolicyLossConfig(**kw)
 
 
 def test_constant_aggregation_without_max_len_fails_at_use():
     # the config may leave L unset (the run config derives it from max_new_tokens); the loss refuses to guess
-    cfg = L.GRPOLossConfig(aggregation="constant")
+    cfg = PolicyLossConfig(aggregation="constant")
     x = jnp.zeros((2, 3))
     with pytest.raises(ValueError, match="max_len"):
-        L.grpo_loss(x, x, None, jnp.zeros((2,)), jnp.ones((2, 3)), cfg=cfg, kl_coef=0.0, entropy_coef=0.0)
+        P.policy_loss(x, x, None, jnp.zeros((2,)), jnp.ones((2, 3)), cfg=cfg, kl_coef=0.0, entropy_coef=0.0)
 
 
 def test_config_defaults_and_hashable():
-    cfg = L.GRPOLossConfig()
+    cfg = PolicyLossConfig()
     assert (cfg.eps_low, cfg.eps_high, cfg.kl_estimator, cfg.kl_anchor) == (0.2, 0.2, "k3", "ref")
     assert cfg.aggregation == "seq_mean_token_mean" and cfg.importance_level == "token"
-    assert hash(cfg) == hash(L.GRPOLossConfig())
+    assert hash(cfg) == hash(PolicyLossConfig())
     with pytest.raises(AttributeError):
         cfg.eps_low = 0.3

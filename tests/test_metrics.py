@@ -1,4 +1,4 @@
-"""grpo_jax.codegen.passk (pass@k, GRPO_MATH.md §5) and grpo_jax.core.metrics against literal values."""
+"""grpo_jax.codegen.passk (pass@k, docs/GRPO_MATH.md §5) and grpo_jax.core.metrics against literal values."""
 
 import jax
 import jax.numpy as jnp

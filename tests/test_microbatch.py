@@ -9,12 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.config import ObjectiveConfig, OptimConfig
-from grpo_jax.core.losses import GRPOLossConfig, grpo_loss
+from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.config import ObjectiveConfig, OptimConfig, PolicyLossConfig
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.policies.logp import policy_logp_fn
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import _split, _unsplit, make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step, split, unsplit
 from grpo_jax.types import batch_from_samples
 
 CFG = tfm.TransformerConfig(vocab_size=24, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32)
@@ -36,7 +37,7 @@ def batch():
 
 def _run(obj, batch, micro, steps=2):
     state = init_state(tfm.init_params(CFG, jax.random.PRNGKey(0)), obj, OPT, seed=0)
-    step = make_train_step(transformer_logits_fn(CFG), obj, OPT, micro_batches=micro)
+    step = make_train_step(CFG, obj, OPT, micro_batches=micro)
     ms = []
     for _ in range(steps):
         state, m, _ = step(state, batch)
@@ -65,7 +66,7 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_micro_batches_equal_the_whole_batch(batch, name):
-    loss = GRPOLossConfig(**{"max_len": T, **CASES[name]})
+    loss = PolicyLossConfig(**{"max_len": T, **CASES[name]})
     obj = ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01, loss=loss)
     p1, m1, _ = _run(obj, batch, micro=1)
     p0 = tfm.init_params(CFG, jax.random.PRNGKey(0))
@@ -90,18 +91,18 @@ def test_normalising_by_the_micro_batch_instead_would_differ(batch):
     """The guard above can fail: averaging micro-batch losses that each divide by their OWN token count (plain
     gradient accumulation) is not DAPO's token mean of the whole batch when the micro-batches' lengths
     differ."""
-    loss = GRPOLossConfig(aggregation="token_mean", max_len=T)
+    loss = PolicyLossConfig(aggregation="token_mean", max_len=T)
     obj = ObjectiveConfig(loss=loss)
     # the whole batch's gradient vs the mean of the halves' gradients, each half normalised by its own tokens
-    halves = _split(batch, 2)
+    halves = split(batch, 2)
     state = init_state(tfm.init_params(CFG, jax.random.PRNGKey(0)), obj, OPT, seed=0)
 
-    logits = transformer_logits_fn(CFG)
+    logp_fn = policy_logp_fn(CFG)
 
     def local_loss(params, b):
-        lp, _ = tfm.token_logp(logits(params, b.prompt, b.prompt_mask, b.completions), b.completions, 1.0)
+        lp, _ = logp_fn(params, b.prompt, b.prompt_mask, b.completions, 1.0)
         adv = jnp.asarray(b.rewards) - jnp.asarray(b.rewards).mean(-1, keepdims=True)
-        return grpo_loss(
+        return policy_loss(
             lp,
             jax.lax.stop_gradient(lp),
             None,
@@ -123,9 +124,9 @@ def test_normalising_by_the_micro_batch_instead_would_differ(batch):
 
 def test_split_is_strided_and_inverted_by_unsplit():
     x = jnp.arange(12).reshape(6, 2)
-    parts = _split(x, 3)
+    parts = split(x, 3)
     np.testing.assert_array_equal(np.asarray(parts[:, :, 0]), [[0, 6], [2, 8], [4, 10]])
-    np.testing.assert_array_equal(np.asarray(_unsplit(parts)), np.asarray(x))
+    np.testing.assert_array_equal(np.asarray(unsplit(parts)), np.asarray(x))
 
 
 def test_mini_batches_do_one_update_each_and_accumulate_the_same(batch):

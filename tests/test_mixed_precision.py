@@ -1,4 +1,5 @@
-"""Mixed precision (GRPO_MATH §3 row 19): float32 master weights, bf16 matmuls, float32 logits and losses.
+"""Mixed precision (docs/GRPO_MATH.md §3 row 19): float32 master weights, bf16 matmuls, float32 logits and
+losses.
 
 With TransformerConfig(compute_dtype="bfloat16") the parameters stay float32 (in the TrainState and in the
 optimiser), they are cast to bf16 at each matmul, and the LM head returns float32 logits (accumulated in
@@ -21,7 +22,7 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step
 from grpo_jax.types import batch_from_samples
 
 F32 = tfm.TransformerConfig(
@@ -159,7 +160,7 @@ def _train(cfg, batches):
     obj = ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-2))
     state = init_state(_params(), obj, optimizer, seed=0)
-    step = make_train_step(transformer_logits_fn(cfg), obj, optimizer)
+    step = make_train_step(cfg, obj, optimizer)
     metrics = []
     for batch in batches:
         state, m, _ = step(state, batch)

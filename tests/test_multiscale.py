@@ -84,7 +84,7 @@ def test_fraction_literal_values():
 
 
 def test_default_eps_and_ddof0_literal():
-    # TRL default eps = 1e-4, ddof = 1: [1,0,0,0] -> 0.75 / (0.5 + 1e-4) = 1.4997 (GRPO_MATH §1.9)
+    # TRL default eps = 1e-4, ddof = 1: [1,0,0,0] -> 0.75 / (0.5 + 1e-4) = 1.4997 (docs/GRPO_MATH.md §1.9)
     out = _msa(eps=1e-4, w_tests=0.0)
     assert float(out.outcome[0, 0]) == pytest.approx(0.75 / 0.5001, abs=ATOL)
     # ddof = 0, eps = 0: [1,0,0,0] std = sqrt(3/16) = sqrt(3)/4 -> 0.75 / (sqrt(3)/4) = sqrt(3) = 1.732051

@@ -9,6 +9,7 @@ from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.tasks import make_split
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits, Status
+from grpo_jax.tokenization import decode_completions
 from grpo_jax.tokenization.code import CodeTokenizer
 
 TOK = CodeTokenizer()
@@ -50,7 +51,7 @@ def test_sft_examples_layout():
         assert np.all(row[n:] == TOK.pad_id)
         assert TOK.decode(row[: n - 1].tolist()) == body
         # the decoder recovers exactly the body
-        assert pipeline.decode_completions(TOK, row[None], m[None]) == [body]
+        assert decode_completions(TOK, row[None], m[None]) == [body]
     with pytest.raises(ValueError, match="completion_len"):
         pipeline.sft_examples(TOK, PROBLEMS, 128, 4)
 
@@ -64,9 +65,9 @@ def test_decode_cuts_at_eos_and_skips_specials():
     tokens[0, : len(a)], mask[0, : len(a)] = a, 1
     tokens[1, : len(b)], mask[1, : len(b)] = b, 1
     tokens[1, len(b)] = TOK.encode("9")[0]  # outside the mask: ignored
-    assert pipeline.decode_completions(TOK, tokens, mask) == ["    return x + 1", "    return 0"]
+    assert decode_completions(TOK, tokens, mask) == ["    return x + 1", "    return 0"]
     # [B, G, T] input is flattened problem-major
-    assert pipeline.decode_completions(TOK, tokens[None], mask[None]) == ["    return x + 1", "    return 0"]
+    assert decode_completions(TOK, tokens[None], mask[None]) == ["    return x + 1", "    return 0"]
 
 
 def test_score_completions_through_the_sandbox(ex):
@@ -179,5 +180,5 @@ def test_decode_stops_at_any_eos_id():
     tok = Tok()
     ids = tok.encode("ab") + tok.encode("!") + tok.encode("cd")
     tokens = np.asarray([ids])
-    assert pipeline.decode_completions(tok, tokens, np.ones_like(tokens)) == ["ab"]
-    assert pipeline.decode_completions(TOK, tokens, np.ones_like(tokens)) == ["ab!cd"]
+    assert decode_completions(tok, tokens, np.ones_like(tokens)) == ["ab"]
+    assert decode_completions(TOK, tokens, np.ones_like(tokens)) == ["ab!cd"]

@@ -16,7 +16,7 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import make_train_step, transformer_logits_fn, update_reference
+from grpo_jax.train.step import make_train_step, update_reference
 from grpo_jax.types import batch_from_samples
 
 CFG = tfm.TransformerConfig(
@@ -294,7 +294,7 @@ def test_ema_reference_in_train_step():
     params = tfm.init_params(CFG, jax.random.PRNGKey(0))
     state = init_state(params, obj, opt, seed=0)
     ref0 = jax.device_get(state.ref_params)
-    step = make_train_step(transformer_logits_fn(CFG), obj, opt)
+    step = make_train_step(CFG, obj, opt)
     state, m, _ = step(state, _batch(params))
     p1, r1 = jax.device_get(state.params), jax.device_get(state.ref_params)
     # π_ref ← π_ref + 0.5 (π_θ − π_ref) with π_θ the updated parameters
@@ -317,7 +317,7 @@ def test_lora_train_step_updates_adapters_only_and_reference_is_the_base():
     def param_fn(a, b):
         return lora.merge(jax.lax.stop_gradient(b), a, alpha=4.0)
 
-    step = make_train_step(transformer_logits_fn(CFG), obj, opt, param_fn=param_fn)
+    step = make_train_step(CFG, obj, opt, param_fn=param_fn)
     base_before = jax.device_get(base)
     ad_before = jax.device_get(adapters)
     batch = _batch(base)
@@ -348,7 +348,7 @@ def test_pool_baseline_in_train_step():
     opt = make_optimizer(OptimConfig(learning_rate=1e-3))
     params = tfm.init_params(CFG, jax.random.PRNGKey(0))
     state = init_state(jax.tree.map(jnp.copy, params), obj, opt, seed=0)  # the step donates its state
-    step = make_train_step(transformer_logits_fn(CFG), obj, opt)
+    step = make_train_step(CFG, obj, opt)
     b = _batch(params)
     b = b.replace(rewards=jnp.zeros((B, G)), baseline=jnp.full((B,), 0.5), baseline_valid=jnp.ones((B,)))
     state, m, _ = step(state, b)
@@ -359,6 +359,6 @@ def test_pool_baseline_in_train_step():
     assert float(m["grad_norm"]) > 0
     # the canonical objective on the same batch gives no gradient at all
     obj_g = dataclasses.replace(obj, baseline="group")
-    step_g = make_train_step(transformer_logits_fn(CFG), obj_g, opt)
+    step_g = make_train_step(CFG, obj_g, opt)
     _, mg, _ = step_g(init_state(params, obj_g, opt, seed=0), b)
     assert float(mg["Training/AdvantageNorm"]) == 0.0

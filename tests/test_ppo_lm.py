@@ -1,7 +1,9 @@
-"""PPO for the language model (--algorithm=ppo; GRPO_MATH.md §2): per-token KL-shaped rewards and GAE with
+"""PPO for the language model (--algorithm=ppo; docs/GRPO_MATH.md §2): per-token KL-shaped rewards and GAE
+with
 literal values, the clipped value loss, the train step (critic and policy both learn, the split step equals
 the plain one, GRPO untouched), the refused combinations, and the main job end to end with a resume."""
 
+import dataclasses
 import json
 import math
 import shutil
@@ -18,13 +20,13 @@ from absl import flags
 from grpo_jax import cli
 from grpo_jax.config import ObjectiveConfig, OptimConfig, PPOConfig
 from grpo_jax.core.advantages import compute_advantages
-from grpo_jax.core.losses import clipped_value_loss, ppo_token_advantages
 from grpo_jax.core.metrics import explained_variance
+from grpo_jax.core.value import clipped_value_loss, ppo_token_advantages
 from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.pretrained.api import load_pretrained
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step
 from grpo_jax.types import SampleOutput, batch_from_samples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,7 +130,8 @@ def _steps(obj, n=2, micro=1, values=True):
     """[(params, metrics, outputs)] after each of n train steps on the synthetic batches (host arrays)."""
     opt = make_optimizer(OptimConfig(learning_rate=1e-2))
     state = init_state(tfm.init_params(CFG, jax.random.PRNGKey(0)), obj, opt)
-    step = make_train_step(transformer_logits_fn(CFG, with_values=values), obj, opt, micro_batches=micro)
+    model = CFG if values else dataclasses.replace(CFG, value_head=False)
+    step = make_train_step(model, obj, opt, micro_batches=micro)
     out = []
     for i in range(n):
         state, m, o = step(state, _batch(i))
@@ -166,9 +169,11 @@ def test_ppo_step_trains_critic_and_policy_and_the_split_step_agrees():
     assert m1["value/loss"] == pytest.approx(0.5 * np.mean(raw[mask > 0] ** 2), rel=1e-5)
     # the split step (a no-gradient pre-pass gives π_old and V_old; 2 micro-batches) makes the same updates
     # (step 2: with a trained critic, V_old != 0)
+    # (Adam divides each gradient component by its own scale, so the float rounding of near-zero components
+    # moves a parameter by up to ~lr: on some CPUs one of the 2048 entries differs by 1.1e-5 after two steps)
     for (q, s, _), (p, m) in zip(_steps(PPO, micro=2), ((p1, m1), (p2, m2)), strict=True):
         for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(q), strict=True):
-            np.testing.assert_allclose(a, b, atol=1e-5)
+            np.testing.assert_allclose(a, b, atol=5e-5)
         for k in (*CRITIC, "loss", "loss/policy"):
             assert s[k] == pytest.approx(m[k], abs=1e-5), k
 

@@ -78,13 +78,17 @@ def test_table_values():
     assert g.loss.importance_level == "sequence" and g.loss.aggregation == "seq_mean"
 
     t = obj("trl_default").objective
-    assert (t.kl_coef, t.loss.aggregation, t.loss.kl_bias_correction) == (0.0, "token_mean", True)
+    # TRL's use_bias_correction_kl / entropy-bonus form are inert at its β = 0 / entropy coefficient 0: left
+    # at canonical GRPO's (a preset sets a sub-setting only with its mechanism on, SUB_SETTINGS), named
+    assert (t.kl_coef, t.loss.aggregation, t.loss.kl_bias_correction) == (0.0, "token_mean", False)
     assert (t.loss.eps_low, t.loss.eps_high, t.loss.entropy_bonus, t.loss.objective) == (
         0.2,
         0.2,
-        "token_mean",
+        "aggregate",
         "clip",
     )
+    for name in ("trl_default", "cispo", "sapo", "luspo", "vespo"):
+        assert "add --kl_bias_correction with --kl_coef" in presets.get_preset(name).notes, name
     assert (t.adv_method, t.adv_ddof, t.adv_eps, t.loss.importance_level) == ("grpo", 1, 1e-4, "token")
     for name, objective, aggregation in (
         ("cispo", "cispo", "token_mean"),

@@ -1,4 +1,5 @@
-"""Tests for grpo_jax.replay (prioritized replay, sum tree; GRPO_MATH.md §3 row 15) with literal values."""
+"""Tests for grpo_jax.replay (prioritized replay, sum tree; docs/GRPO_MATH.md §3 row 15) with literal
+values."""
 
 import jax
 import jax.numpy as jnp

@@ -16,18 +16,18 @@ from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline, tasks
 from grpo_jax.config import (
     ObjectiveConfig,
+    PolicyLossConfig,
     PoolConfig,
     ReplayConfig,
     RolloutConfig,
     RunConfig,
     TaskConfig,
 )
-from grpo_jax.core.losses import GRPOLossConfig
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
 from grpo_jax.tokenization.code import CodeTokenizer
-from grpo_jax.train.rollout import AsyncRollout, CodegenRollout
+from grpo_jax.train.rollout import AsyncRollout, make_rollout
 
 B, G, T = 4, 4, 24
 MODEL = tfm.TransformerConfig(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)
@@ -40,10 +40,10 @@ KEY = rng_lib.streams(0)["rollout"]
 def _cfg(replay_fraction=0.5, **rollout):
     return RunConfig(
         workdir="/nonexistent",
-        objective=ObjectiveConfig(kl_coef=0.0, loss=GRPOLossConfig(tis_cap=2.0)),
+        objective=ObjectiveConfig(kl_coef=0.0, loss=PolicyLossConfig(tis_cap=2.0)),
         rollout=RolloutConfig(prompts_per_step=B, group_size=G, max_new_tokens=T, **rollout),
         tasks=TaskConfig(rl_levels=(0,), train_per_level=40, prompt_len=64),
-        replay=ReplayConfig(fraction=replay_fraction, capacity=8),
+        replay=ReplayConfig(fraction=replay_fraction, capacity=8) if replay_fraction else ReplayConfig(),
     )
 
 
@@ -54,7 +54,7 @@ def ex():
 
 
 def _with_two_stored_successes(cfg, ex):
-    w = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    w = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
     state = w.init_state(PARAMS)
     items = {"problem": [], "tokens": [], "mask": [], "logp": [], "truncated": []}
     for q in (3, 7):  # the reference solutions of problems 3 and 7, stored as if sampled with logp -0.5
@@ -106,7 +106,7 @@ def test_dynamic_sampling_keeps_groups_with_a_signal(ex):
 
 
 def test_uniform_draw_is_the_named_problems_key(ex):
-    w = CodegenRollout(_cfg(replay_fraction=0.0), TOK, ex, PROBLEMS, MODEL)
+    w = make_rollout(_cfg(replay_fraction=0.0), TOK, ex, PROBLEMS, MODEL)
     _, b, info = w.produce(w.init_state(PARAMS), PARAMS, KEY, 5)
     key = rng_lib.derive(rng_lib.derive(KEY, 5), "problems")
     idx = np.asarray(jax.random.choice(key, len(PROBLEMS), (B,), replace=False))
@@ -117,11 +117,11 @@ def test_uniform_draw_is_the_named_problems_key(ex):
 
 def test_async_rollout_returns_the_sync_batches_one_step_ahead(ex):
     cfg = _cfg(replay_fraction=0.0)
-    sync = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    sync = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
     s0 = sync.init_state(PARAMS)
     s1, b0, _ = sync.produce(s0, PARAMS, KEY, 0)
     s2, b1, i1 = sync.produce(s1, PARAMS, KEY, 1)
-    a = AsyncRollout(CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL))
+    a = AsyncRollout(make_rollout(cfg, TOK, ex, PROBLEMS, MODEL), (B, G, 64, T))
     try:
         st = a.init_state(PARAMS)
         st, a0, _ = a.produce(st, PARAMS, KEY, 0)  # nothing pending: produced now
@@ -146,8 +146,9 @@ def test_keys_of_one_step_are_pairwise_distinct(ex):
     keys the consumers derive from them, are distinct (the old pool-selection key equalled the key of token 0
     of the first refill round)."""
     cfg = _cfg(dynamic_sampling=True, dynamic_max_rounds=3)
-    cfg = dataclasses.replace(cfg, pool=PoolConfig(capacity=4, eval_members=4))
-    w = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    pool_baseline = dataclasses.replace(cfg.objective, baseline="pool")
+    cfg = dataclasses.replace(cfg, objective=pool_baseline, pool=PoolConfig(capacity=4, eval_members=4))
+    w = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
     named = w.step_keys(KEY, 7)
     streams = rng_lib.streams(0)
     used = dict(named)
@@ -184,28 +185,28 @@ class _TwoProcesses:
 
 
 def test_each_process_grades_its_rows_and_the_exchange_puts_them_back_in_place(ex):
-    """Multi-process grading (CodegenRollout._grade): process 0 grades rows 0 and 2, 'process 1' rows 1
-    and 3, and the exchanged verdicts / rewards equal the single-process grading row for row."""
+    """Multi-process grading (Grader.score): process 0 grades rows 0 and 2, 'process 1' rows 1 and 3, and the
+    exchanged verdicts / rewards equal the single-process grading row for row."""
     cfg = _cfg(replay_fraction=0.0)
-    one = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    one = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
     probs = [PROBLEMS[i] for i in (3, 5, 7, 9)]
     # row b passes in members g < b (row 0: none pass ... row 3: three of four pass): every row differs
     ref = [p.reference[len(p.prompt) :] if p.completion_mode != "program" else p.reference for p in probs]
     texts = [ref[b] if g < b else "syntax error (" for b in range(B) for g in range(G)]
-    want_v, want_r = one._grade(probs, texts)
+    want_v, want_r = one.grader.score(probs, texts)
     assert want_r.tolist() == [[1.0 * (g < b) for g in range(G)] for b in range(B)]
 
-    other = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL)
-    other.owned = np.array([False, True, False, True])
-    mine = np.flatnonzero(other.owned)
+    other = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
+    other_owned = np.array([False, True, False, True])
+    mine = np.flatnonzero(other_owned)
     sub = [texts[b * G + g] for b in mine for g in range(G)]
 
     def other_grades():
-        v, r = pipeline.score_completions(ex, [probs[b] for b in mine], sub, G, None, other.fmt)
+        v, r = pipeline.score_completions(ex, [probs[b] for b in mine], sub, G, None, other.grader.fmt)
         return mine, v, r
 
-    proc0 = CodegenRollout(cfg, TOK, ex, PROBLEMS, MODEL, ctx=_TwoProcesses(other_grades))
-    proc0.owned = ~other.owned
-    got_v, got_r = proc0._grade(probs, texts)
+    proc0 = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL, ctx=_TwoProcesses(other_grades))
+    proc0.grader.owned = ~other_owned
+    got_v, got_r = proc0.grader.score(probs, texts)
     np.testing.assert_array_equal(got_r, want_r)
     assert [v.status for v in got_v] == [v.status for v in want_v]

@@ -89,7 +89,8 @@ def test_statuses_and_per_test_results(ex):
 
 CHECK = "def check(c):\n    assert c(1) == 2\n    assert c(-1) == 0\n\ncheck(inc)\n"
 INC = "def inc(x):\n    return x + 1\n"
-# every one of these must score 0 against the child check above (two-process checker: SANDBOX.md, _zygote.py)
+# every one of these must score 0 against the child check above (two-process checker: docs/SANDBOX.md,
+# _zygote.py)
 CHILD_HACKS = {
     "always_equal_int": """
 class E(int):

@@ -1,6 +1,6 @@
 """experiments.sweep: grid expansion and errors, resume / skip, warm-start ordering, the parallel limit and
 signals against a stand-in main job (a few lines of Python writing the files the real one writes); the main
-job's check of --sft_from (loop.check_sft_source); then ONE real tiny experiments.codegen run, the arm of a
+job's check of --sft_from (resume.check_sft_source); then ONE real tiny experiments.codegen run, the arm of a
 sweep on a shared warm start (--sft_from): it starts GRPO from exactly the warm start's post-SFT weights."""
 
 from __future__ import annotations
@@ -338,7 +338,8 @@ def test_sigterm_stops_running_points_and_a_rerun_finishes_them(tmp_path, standi
 
 def test_main_job_checks_the_warm_start_it_is_given(tmp_path):
     from grpo_jax.config import ModelConfig, RunConfig, SFTConfig, TaskConfig
-    from grpo_jax.train.loop import RunConfigError, check_sft_source
+    from grpo_jax.train.build import RunConfigError
+    from grpo_jax.train.resume import check_sft_source
 
     src = tmp_path / "warm"
     src.mkdir()
@@ -380,17 +381,17 @@ def _warm_start_as_the_main_job_leaves_it(point: sweep.Point, cfg_json: dict):
     import jax
 
     from grpo_jax import rng
-    from grpo_jax.config import flat_dict, from_leaves
     from grpo_jax.policies import transformer as tfm
-    from grpo_jax.train import loop
+    from grpo_jax.train import build, export, loop, resume
 
-    cfg = from_leaves({k: loop._tuples(v) for k, v in flat_dict(cfg_json).items()})
-    r = loop.build(cfg, None, print_fn=lambda _: None)
+    cfg = export.config_from_saved(cfg_json)
+    r = build.build(cfg, None, print_fn=lambda _: None)
     streams = rng.streams(cfg.seed)
-    params = loop._sft(r, tfm.init_params(r.model, rng.derive(streams["init"], "model")), streams["sft"])
-    loop._save(r, loop.placed_state(r, params))
-    r.rollout.close()
-    r.ckpt.close()
+    params = loop.sft_warm_start(
+        r, tfm.init_params(r.model, rng.derive(streams["init"], "model")), streams["sft"]
+    )
+    resume.save(r, build.placed_state(r, params), 0)
+    r.close()
     wd = Path(point.workdir)
     (wd / "run.json").write_text(json.dumps({"config": cfg.to_json(), "argv": ["codegen.py", *point.args]}))
     evals = {"pass@1": 0.0, "n_problems": 4.0}
@@ -408,7 +409,7 @@ def test_real_sweep_on_a_shared_warm_start(tmp_path, monkeypatch):
     SHA-256 as the same arm with its own SFT: WORKSPACE.md §5.)"""
     import numpy as np
 
-    from grpo_jax.train.loop import open_checkpoint
+    from grpo_jax.train.export import open_checkpoint
 
     monkeypatch.chdir(ROOT)
     grid = {

@@ -12,7 +12,7 @@ from grpo_jax.envs import token_task as tt
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step
 from grpo_jax.types import batch_from_samples
 
 CFG = tfm.TransformerConfig(
@@ -34,7 +34,7 @@ def _setup(obj=ObjectiveConfig(kl_coef=0.04, entropy_coef=0.01), jit=True, lr=1e
     optimizer = make_optimizer(OptimConfig(learning_rate=lr))
     params = tfm.init_params(CFG, jax.random.PRNGKey(0))
     state = init_state(params, obj, optimizer, seed=0)
-    step = make_train_step(transformer_logits_fn(CFG), obj, optimizer, jit=jit)
+    step = make_train_step(CFG, obj, optimizer, jit=jit)
     return state, step
 
 
@@ -144,9 +144,33 @@ def test_multiple_iterations_move_off_policy():
     obj = ObjectiveConfig(kl_coef=0.0, num_iterations=3)
     state, step = _setup(obj)
     state, m, _ = step(state, _batch(state.params))
-    assert float(m["ratio/mean"]) == pytest.approx(1.0, abs=1e-6)  # first iteration is on-policy
+    assert float(m["ratio/min"]) < 1.0 < float(m["ratio/max"])  # later epochs are off π_old
     assert float(m["loss/final_iteration"]) != float(m["loss"])
     assert state.ref_params is None  # kl_coef = 0 and no KL controller: no reference model is kept
+
+
+@pytest.mark.parametrize("mini", [1, 2])
+def test_policy_diagnostics_cover_every_update(mini):
+    """With μ > 1 the logged ratio, clip, KL-to-π_old and grad_norm diagnostics are over EVERY update of the
+    step (TRL logs each), not the first epoch's alone: at μ = 1 the ratio is exactly 1 and the KL to π_old
+    0, so a first-epoch-only log would show 1 / 0 / the μ = 1 gradient norm whatever μ does."""
+    from grpo_jax.config import PolicyLossConfig
+
+    def run(mu, **kw):
+        obj = ObjectiveConfig(kl_coef=0.04, num_iterations=mu, mini_batches=mini, **kw)
+        state, step = _setup(obj, lr=3e-2)
+        return {k: float(v) for k, v in step(state, _batch(state.params))[1].items()}
+
+    one = run(1)
+    many = run(3)
+    if mini == 1:  # the plain step's first update is on-policy
+        assert one["ratio/mean"] == pytest.approx(1.0, abs=1e-6)
+    assert abs(many["ratio/mean"] - 1.0) > 1e-3
+    assert many["ratio/max"] > 1.0 + 1e-3 and many["ratio/min"] < 1.0 - 1e-3
+    assert many["grad_norm"] != pytest.approx(one["grad_norm"], rel=1e-3)  # the mean over the updates
+    assert many["clip_ratio/region"] > 0.0  # lr 3e-2 moves some tokens out of [0.8, 1.2] by epoch 3
+    old = run(3, loss=PolicyLossConfig(kl_anchor="old"))
+    assert old["kl"] > 1e-6  # the KL to π_old is 0 at the first update only
 
 
 def test_group_mask_excludes_members():
@@ -203,9 +227,7 @@ def test_soft_overlong_punishment_is_added_to_the_rewards():
     assert float(m["reward/correctness"]) == pytest.approx(1.0)
     assert float(m["Performance/SuccessRate"]) == pytest.approx(1.0)  # success is the correctness reward
     with pytest.raises(ValueError, match="max_len"):
-        make_train_step(
-            transformer_logits_fn(CFG), ObjectiveConfig(overlong_cache_len=2), make_optimizer(OptimConfig())
-        )
+        make_train_step(CFG, ObjectiveConfig(overlong_cache_len=2), make_optimizer(OptimConfig()))
 
 
 def test_objective_validation_messages():
@@ -219,9 +241,9 @@ def test_objective_validation_messages():
 
 
 def test_tis_weights_are_logged_and_capped():
-    from grpo_jax.core.losses import GRPOLossConfig
+    from grpo_jax.config import PolicyLossConfig
 
-    obj = ObjectiveConfig(kl_coef=0.0, loss=GRPOLossConfig(tis_cap=2.0))
+    obj = ObjectiveConfig(kl_coef=0.0, loss=PolicyLossConfig(tis_cap=2.0))
     state, step = _setup(obj=obj)
     batch = _batch(state.params)
     # behaviour log-probs 1 nat below the policy's: raw weight e ≈ 2.718 > C = 2 on every token
@@ -229,3 +251,20 @@ def test_tis_weights_are_logged_and_capped():
     _, m, _ = step(state, batch)
     np.testing.assert_allclose(m["tis/weight_mean"], 2.0, rtol=1e-5)
     np.testing.assert_allclose(m["tis/capped_frac"], 1.0)
+
+
+def test_frac_reward_zero_std_counts_the_groups_dynamic_sampling_masked_out():
+    """Dynamic sampling keeps the groups with a signal and fills the batch with all-equal groups masked out of
+    the loss (group_mask 0): those still count as zero-std groups. When every group was dropped the step
+    reports 1, not 0 (the groups are all zero-std)."""
+    state, step = _setup(ObjectiveConfig(kl_coef=0.0))
+    batch = _batch(state.params)
+    mixed = jnp.tile(jnp.array([1.0, 0.0, 0.0, 1.0]), (B, 1))
+    # groups 0-1 kept (mixed rewards), groups 2-3 filler (all-equal rewards, masked out)
+    filler = jnp.concatenate([mixed[:2], jnp.zeros((2, G))])
+    gm = jnp.concatenate([jnp.ones((2, G)), jnp.zeros((2, G))])
+    _, m, _ = step(jax.tree.map(jnp.copy, state), batch.replace(rewards=filler, group_mask=gm))
+    assert float(m["frac_reward_zero_std"]) == pytest.approx(0.5)
+    # every group dropped: the whole batch is filler
+    _, m, _ = step(state, batch.replace(rewards=jnp.zeros((B, G)), group_mask=jnp.zeros((B, G))))
+    assert float(m["frac_reward_zero_std"]) == pytest.approx(1.0)

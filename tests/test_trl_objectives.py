@@ -1,9 +1,9 @@
-"""Every TRL 1.16 objective and option through `grpo_loss` / `multi_reward_advantages`, against an oracle.
+"""Every TRL 1.16 objective and option through `policy_loss` / `multi_reward_advantages`, against an oracle.
 
 The oracle below is written from TRL 1.16's documented objective (grpo_trainer.py `_compute_loss`,
 `get_off_policy_mask`, `get_gamma_weights`, `get_high_entropy_mask`, the vLLM IS correction of
 `_generate_and_score_completions`; grpo_config.py), in float64 torch with autograd — our own code, not TRL's.
-Each case maps TRL's arguments to the public GRPOLossConfig (`trl_config`) and compares the loss and its
+Each case maps TRL's arguments to the public PolicyLossConfig (`trl_config`) and compares the loss and its
 gradients with respect to the log-probs and the entropies (float32 computation on our side, 1e-6 absolute +
 1e-5 relative). Literal vectors pin the new objectives by hand, and padding carries garbage on our side.
 """
@@ -18,8 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.config import PolicyLossConfig
 from grpo_jax.core.advantages import multi_reward_advantages
-from grpo_jax.core.losses import GRPOLossConfig, grpo_loss, masked_quantile, vespo_weights
+from grpo_jax.core.metrics import masked_quantile
+from grpo_jax.core.surrogates import vespo_weights
 
 torch = pytest.importorskip("torch")
 torch.set_default_dtype(torch.float64)
@@ -133,7 +136,7 @@ def oracle(x: dict, o: dict):
 # ------------------------------------------------------------------------------------------------------------
 # TRL arguments -> the public config
 # ------------------------------------------------------------------------------------------------------------
-def trl_config(o: dict) -> tuple[GRPOLossConfig, dict]:
+def trl_config(o: dict) -> tuple[PolicyLossConfig, dict]:
     lt = o["loss_type"]
     objective = lt if lt in ("cispo", "sapo", "vespo") else "clip"
     aggregation = {
@@ -150,7 +153,7 @@ def trl_config(o: dict) -> tuple[GRPOLossConfig, dict]:
     if o["is_mode"] is not None:
         level, mode = o["is_mode"].split("_")
         tis = dict(tis_level=level, tis_mode=mode, tis_min=o["is_min"], tis_cap=o["is_max"])
-    cfg = GRPOLossConfig(
+    cfg = PolicyLossConfig(
         objective=objective,
         aggregation=aggregation,
         max_len=MAX_LEN,
@@ -186,7 +189,7 @@ def ours(x: dict, o: dict):
     beh = garbage(x["samp"]) if (o["is_mode"] is not None) else None
 
     def f(lp, ent):
-        loss, _ = grpo_loss(
+        loss, _ = policy_loss(
             lp,
             garbage(x["old"]),
             garbage(x["ref"]) if o["beta"] else None,
@@ -299,12 +302,12 @@ ONE = dict(kl_coef=0.0, entropy_coef=0.0)
 def _one(cfg, lp, old, adv, mask=None, **kw):
     lp, old = jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32)
     m = jnp.ones_like(lp) if mask is None else jnp.asarray(mask, jnp.float32)
-    return grpo_loss(lp, old, None, jnp.asarray(adv, jnp.float32), m, cfg=cfg, **{**ONE, **kw})
+    return policy_loss(lp, old, None, jnp.asarray(adv, jnp.float32), m, cfg=cfg, **{**ONE, **kw})
 
 
 def test_cispo_literal():
     # one token: ρ = e^0.5 = 1.6487 capped at ε_high = 1.2; loss = −1.2·A·logp = −1.2·2·(−1) = 2.4
-    cfg = GRPOLossConfig(objective="cispo", eps_high=1.2, aggregation="token_mean")
+    cfg = PolicyLossConfig(objective="cispo", eps_high=1.2, aggregation="token_mean")
     loss, aux = _one(cfg, [[-1.0]], [[-1.5]], [2.0])
     np.testing.assert_allclose(loss, 2.4, rtol=1e-6)
     g = jax.grad(lambda lp: _one(cfg, lp, [[-1.5]], [2.0])[0])(jnp.asarray([[-1.0]]))
@@ -314,7 +317,7 @@ def test_cispo_literal():
 
 def test_sapo_literal():
     # ρ = 1 (on-policy): σ(0)·4/τ = 2/τ; A = 1 -> τ+ = 1: loss −2; A = −1 -> τ− = 1.05: loss +2/1.05
-    cfg = GRPOLossConfig(objective="sapo")
+    cfg = PolicyLossConfig(objective="sapo")
     np.testing.assert_allclose(_one(cfg, [[-1.0]], [[-1.0]], [1.0])[0], -2.0, rtol=1e-6)
     np.testing.assert_allclose(_one(cfg, [[-1.0]], [[-1.0]], [-1.0])[0], 2.0 / 1.05, rtol=1e-6)
     # gradient at ρ = 1: −A·4/τ·σ'(0)·τ·ρ = −A (σ'(0) = 1/4), whatever τ
@@ -324,7 +327,7 @@ def test_sapo_literal():
 
 def test_luspo_and_vespo_literals():
     # LUSPO: per-sequence sums, mean over sequences; on-policy clip loss = −A per token
-    cfg = GRPOLossConfig(aggregation="seq_sum_mean")
+    cfg = PolicyLossConfig(aggregation="seq_sum_mean")
     loss, _ = _one(
         cfg, [[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]], [[-1.0] * 3] * 2, [1.0, 2.0], [[1, 1, 0], [1, 1, 1]]
     )
@@ -338,9 +341,9 @@ def test_luspo_and_vespo_literals():
 
 def test_off_policy_mask_and_top_entropy_literals():
     # sequence 0: A < 0 and mean(sampler − current) = 0.5 > δ = 0.3: dropped; sequence 1: A > 0: kept
-    cfg = GRPOLossConfig(off_policy_mask_threshold=0.3, aggregation="token_mean")
+    cfg = PolicyLossConfig(off_policy_mask_threshold=0.3, aggregation="token_mean")
     lp = jnp.asarray([[-1.0, -1.0], [-1.0, -1.0]])
-    loss, aux = grpo_loss(
+    loss, aux = policy_loss(
         lp, lp, None, jnp.asarray([-1.0, 1.0]), jnp.ones((2, 2)), cfg=cfg, logp_behaviour=lp + 0.5, **ONE
     )
     np.testing.assert_allclose(loss, -2.0 / 4, rtol=1e-6)  # only sequence 1's two tokens (−1 each) of 4
@@ -349,9 +352,9 @@ def test_off_policy_mask_and_top_entropy_literals():
     assert float(
         masked_quantile(jnp.asarray([0.1, 0.4, 0.3, 0.2, 9.0]), jnp.asarray([1, 1, 1, 1, 0]), 0.5)
     ) == (pytest.approx(0.25))
-    cfg = GRPOLossConfig(top_entropy_quantile=0.5, aggregation="token_mean")
+    cfg = PolicyLossConfig(top_entropy_quantile=0.5, aggregation="token_mean")
     ent = jnp.asarray([[0.1, 0.4], [0.3, 0.2]])
-    loss, aux = grpo_loss(
+    loss, aux = policy_loss(
         lp, lp, None, jnp.asarray([1.0, 1.0]), jnp.ones((2, 2)), cfg=cfg, entropy=ent, **ONE
     )
     np.testing.assert_allclose(loss, -2.0 / 4, rtol=1e-6)
@@ -365,16 +368,16 @@ def test_sequence_level_kl_bias_correction_and_metrics():
     ref = jnp.asarray([[-1.1, -2.1]])
     k3 = [math.exp(-0.1) + 0.1 - 1, math.exp(-0.1) + 0.1 - 1]
     for level, w in (("sequence", [1.0, 1.0]), ("token", [math.exp(0.2), math.exp(-0.2)])):
-        cfg = GRPOLossConfig(importance_level=level, kl_bias_correction=True, aggregation="token_mean")
-        _, aux = grpo_loss(
+        cfg = PolicyLossConfig(importance_level=level, kl_bias_correction=True, aggregation="token_mean")
+        _, aux = policy_loss(
             lp, old, ref, jnp.asarray([0.0]), jnp.ones((1, 2)), cfg=cfg, kl_coef=1.0, entropy_coef=0.0
         )
         np.testing.assert_allclose(aux.kl, (k3[0] * w[0] + k3[1] * w[1]) / 2, rtol=1e-5)
     # sequence-level clip metrics are plain means over sequences: 1 clipped sequence (length 1) of 4 -> 0.25
     lp = jnp.asarray([[0.0, 0, 0], [0, 0, 0], [0, 0, 0], [1.0, 0, 0]])
     mask = jnp.asarray([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 0]], jnp.float32)
-    cfg = GRPOLossConfig(importance_level="sequence")
-    _, aux = grpo_loss(lp, jnp.zeros_like(lp), None, jnp.ones(4), mask, cfg=cfg, **ONE)
+    cfg = PolicyLossConfig(importance_level="sequence")
+    _, aux = policy_loss(lp, jnp.zeros_like(lp), None, jnp.ones(4), mask, cfg=cfg, **ONE)
     assert (
         float(aux.clip_high_frac) == 0.25
         and float(aux.clip_high_max) == 1.0
@@ -391,7 +394,7 @@ def test_new_objectives_jit_equals_no_jit():
         args = [jnp.asarray(x[k], jnp.float32) for k in ("lp", "old", "ref", "adv", "mask")]
 
         def f(lp, old, ref, adv, mask, cfg=cfg, call=call):
-            return grpo_loss(
+            return policy_loss(
                 lp, old, ref, adv, mask, cfg=cfg, entropy=jnp.asarray(x["ent"]), logp_behaviour=old, **call
             )[0]
 
@@ -400,15 +403,15 @@ def test_new_objectives_jit_equals_no_jit():
 
 def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="objective"):
-        GRPOLossConfig(objective="ppo")
+        PolicyLossConfig(objective="ppo")
     with pytest.raises(ValueError, match="top_entropy_quantile"):
-        GRPOLossConfig(top_entropy_quantile=1.5)
+        PolicyLossConfig(top_entropy_quantile=1.5)
     with pytest.raises(ValueError, match="tis_mode"):
-        GRPOLossConfig(tis_mode="clip")
+        PolicyLossConfig(tis_mode="clip")
     with pytest.raises(ValueError, match="dual_clip"):
-        GRPOLossConfig(objective="sapo", dual_clip=3.0)
+        PolicyLossConfig(objective="sapo", dual_clip=3.0)
     with pytest.raises(ValueError, match="logp_behaviour"):
-        _one(GRPOLossConfig(tis_min=0.5), [[-1.0]], [[-1.0]], [1.0])
+        _one(PolicyLossConfig(tis_min=0.5), [[-1.0]], [[-1.0]], [1.0])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -489,3 +492,19 @@ def test_multi_reward_literals():
     np.testing.assert_allclose(
         compute_advantages(jnp.asarray([[1.0, jnp.nan, 0.0]]), method="dr_grpo"), [[0.5, 0, -0.5]]
     )
+
+
+def test_vespo_phi_seq_mean_is_the_mean_over_sequences():
+    """TRL logs vespo/phi_seq_mean as the mean of φ over the sequences (each sequence once, whatever its
+    length). Two sequences, A ≥ 0 (k 2, λ 3): one token with log ρ = 0 (w = 1, φ = 1) and three tokens whose
+    log ratios sum to ln 2 (w = 2, φ = exp(3 + 2 ln 2 − 6) = 4e^-3 = 0.199148): the sequence mean is
+    0.599574 (a token-weighted mean would be (1 + 3 · 0.199148) / 4 = 0.399361)."""
+    import math
+
+    lp_old = jnp.zeros((2, 3))
+    lp = jnp.array([[0.0, 0.0, 0.0], [math.log(2) / 3] * 3]) - 1.0
+    lp_old = lp_old - 1.0
+    mask = jnp.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    cfg = PolicyLossConfig(objective="vespo", aggregation="token_mean")
+    _, aux = policy_loss(lp, lp_old, None, jnp.ones(2), mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0)
+    assert float(aux.phi_seq_mean) == pytest.approx((1.0 + 4 * math.exp(-3)) / 2, abs=1e-6)

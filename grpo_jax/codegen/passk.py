@@ -1,7 +1,7 @@
 """pass@k on evaluation counts (host side, NumPy only, no JAX).
 
 `pass_at_k` is the unbiased estimator (Chen et al. 2021), `pass_at_k_naive` the biased plug-in for
-comparison, `mean_pass_at_k` the benchmark score over problems. GRPO_MATH.md §5 has the worked table.
+comparison, `mean_pass_at_k` the benchmark score over problems. docs/GRPO_MATH.md §5 has the worked table.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
         pass@k = 1 − C(n−c, k) / C(n, k) = 1 − Π_{i=n−c+1..n} (1 − k/i)      (1.0 when n − c < k)
 
-    n: samples drawn, c: correct samples, k: budget. GRPO_MATH.md §5.
+    n: samples drawn, c: correct samples, k: budget. docs/GRPO_MATH.md §5.
     Raises ValueError if any argument is negative, k < 1, k > n or c > n.
     """
     n, c, k = _check_nck(n, c, k)
@@ -41,7 +41,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def pass_at_k_naive(n: int, c: int, k: int) -> float:
-    """Naive plug-in estimator 1 − (1 − c/n)^k; biased LOW for k > 1 (GRPO_MATH.md §5); for comparison."""
+    """Naive plug-in estimator 1 − (1 − c/n)^k; biased LOW for k > 1 (docs/GRPO_MATH.md §5); for
+    comparison."""
     n, c, k = _check_nck(n, c, k)
     return float(1.0 - (1.0 - c / n) ** k)
 
@@ -49,7 +50,8 @@ def pass_at_k_naive(n: int, c: int, k: int) -> float:
 def mean_pass_at_k(ns: int | Sequence[int], cs: Sequence[int], k: int) -> float:
     """Benchmark score: mean over problems of `pass_at_k(n_j, c_j, k)`. `ns` may be one int for all problems.
 
-    Example (GRPO_MATH.md §5): problems (n=10, c=3) and (n=10, c=0) at k=5 give (0.916667 + 0)/2 = 0.458333.
+    Example (docs/GRPO_MATH.md §5): problems (n=10, c=3) and (n=10, c=0) at k=5 give (0.916667 + 0)/2 =
+    0.458333.
     """
     cs = list(cs)
     ns = [int(ns)] * len(cs) if np.isscalar(ns) else list(ns)

@@ -28,6 +28,7 @@ from grpo_jax.codegen.passk import pass_at_k
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Verdict
+from grpo_jax.tokenization.batch import decode_completions
 
 # sample_fn(prompt [b, P], prompt_mask [b, P], n, greedy) -> (tokens [b, n, T], mask [b, n, T])
 SampleFn = Callable[[np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
@@ -142,30 +143,6 @@ def sft_examples(
         comp[i, : len(row)] = row
         cmask[i, : len(row)] = 1
     return prompt, pmask, comp, cmask
-
-
-def decode_completions(tok, tokens: np.ndarray, mask: np.ndarray) -> list[str]:
-    """Text of each row of tokens [N, T] (or [B, G, T], flattened row-major): the masked tokens up to (not
-    including) the first of the tokenizer's eos_ids, special tokens and ids outside the tokenizer's vocabulary
-    (a model's padded embedding rows, e.g. Qwen2.5's 151 936 rows for 151 665 tokens) skipped."""
-    tokens = np.asarray(tokens)
-    mask = np.asarray(mask)
-    tokens = tokens.reshape(-1, tokens.shape[-1])
-    mask = mask.reshape(-1, mask.shape[-1])
-    out = []
-    for row, m in zip(tokens, mask, strict=True):
-        ids = row[m > 0]
-        eos = np.flatnonzero(np.isin(ids, np.asarray(stop_ids(tok))))
-        if eos.size:
-            ids = ids[: eos[0]]
-        ids = ids[ids < tok.vocab_size]  # padded embedding rows past the vocabulary decode to ""
-        out.append(tok.decode(ids.tolist(), skip_special=True))
-    return out
-
-
-def stop_ids(tok) -> tuple[int, ...]:
-    """Every id that ends a generation (eos_ids of a real tokenizer; the CodeTokenizer's EOS)."""
-    return tuple(getattr(tok, "eos_ids", None) or (tok.eos_id,))
 
 
 def score_completions(

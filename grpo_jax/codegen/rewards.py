@@ -1,6 +1,6 @@
 """Verdicts -> rewards (host side, numpy only): all-pass, per-test vectors, pass fraction.
 
-Length shaping (DAPO soft overlong punishment, in tokens) is grpo_jax.core.losses.soft_overlong_punishment.
+Length shaping (DAPO soft overlong punishment, in tokens): grpo_jax.core.advantages.soft_overlong_punishment.
 
 Shapes: N samples (N = B * G flattened in rollout order), M = the largest number of tests of any problem.
 Every function takes the sandbox's `Verdict`s (one per sample, in order) and returns float32 arrays.

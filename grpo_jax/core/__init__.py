@@ -1,4 +1,6 @@
-"""Pure GRPO / PPO math: advantages, losses, controllers, metrics (jit/vmap-safe, no I/O).
+"""Pure GRPO / PPO math (jit/vmap-safe, no I/O, no configuration objects): advantages and reward shaping,
+KL estimators (kl), policy terms and ratios (surrogates), loss aggregation, PPO's GAE and value loss (value),
+controllers, masked metrics. The losses assembled from them, per algorithm: grpo_jax.algorithms.
 
 Named recipes (presets) are run-config values: grpo_jax.presets.
 
@@ -15,8 +17,10 @@ from grpo_jax.core.advantages import (
     process_advantages,
     rloo,
     scaled_baseline,
+    soft_overlong_punishment,
     whiten,
 )
+from grpo_jax.core.aggregation import AGGREGATIONS, aggregate, entropy_from_logits
 from grpo_jax.core.controllers import (
     CONTROLLER_KINDS,
     ENTROPY_CONTROLLERS,
@@ -34,33 +38,31 @@ from grpo_jax.core.controllers import (
     skywork_entropy_controller,
     ziegler_kl_controller,
 )
-from grpo_jax.core.losses import (
-    AGGREGATIONS,
+from grpo_jax.core.kl import KL_ANCHORS, KL_KINDS, kl_penalty
+from grpo_jax.core.metrics import (
+    explained_variance,
+    global_norm,
+    masked_mean,
+    masked_quantile,
+    masked_std,
+)
+from grpo_jax.core.surrogates import (
     IMPORTANCE_LEVELS,
-    KL_ANCHORS,
-    KL_KINDS,
-    GRPOLossConfig,
-    LossAux,
-    PerTokenTerms,
-    PPOAux,
-    PPOTargets,
+    OBJECTIVES,
+    SURROGATES,
     SurrogateAux,
-    aggregate,
     clipped_surrogate,
-    clipped_value_loss,
-    entropy_from_logits,
-    gae,
-    grpo_loss,
-    grpo_per_token_loss,
     gspo_sequence_ratio,
     gspo_token_ratio,
-    kl_penalty,
-    kl_shaped_rewards,
-    ppo_loss,
-    ppo_token_advantages,
-    soft_overlong_punishment,
+    vespo_weights,
 )
-from grpo_jax.core.metrics import explained_variance, global_norm, masked_mean, masked_std
+from grpo_jax.core.value import (
+    PPOTargets,
+    clipped_value_loss,
+    gae,
+    kl_shaped_rewards,
+    ppo_token_advantages,
+)
 
 __all__ = [
     "ADV_METHODS",
@@ -92,10 +94,6 @@ __all__ = [
     "IMPORTANCE_LEVELS",
     "KL_ANCHORS",
     "KL_KINDS",
-    "GRPOLossConfig",
-    "LossAux",
-    "PerTokenTerms",
-    "PPOAux",
     "PPOTargets",
     "SurrogateAux",
     "aggregate",
@@ -103,17 +101,18 @@ __all__ = [
     "clipped_value_loss",
     "entropy_from_logits",
     "gae",
-    "grpo_loss",
-    "grpo_per_token_loss",
     "gspo_sequence_ratio",
     "gspo_token_ratio",
     "kl_penalty",
     "kl_shaped_rewards",
-    "ppo_loss",
     "ppo_token_advantages",
     "soft_overlong_punishment",
     "explained_variance",
     "global_norm",
     "masked_mean",
     "masked_std",
+    "masked_quantile",
+    "OBJECTIVES",
+    "SURROGATES",
+    "vespo_weights",
 ]

@@ -1,4 +1,4 @@
-"""Group advantages for GRPO and its variants (GRPO_MATH.md §1, §3 row 4, §4 T1/T1b).
+"""Group advantages for GRPO and its variants (docs/GRPO_MATH.md §1, §3 row 4, §4 T1/T1b).
 
 Shapes: rewards are [..., G] — any leading batch axes (typically [B, G]: B prompts, G completions each); the
 group is always the LAST axis. A `mask` of the same shape marks valid group members (1/True) — e.g. padding
@@ -129,7 +129,7 @@ def scaled_baseline(
     mask: jax.Array | None = None,
     std_floor: float = 1.0,
 ):
-    """Scale-only external baseline (GRPO_MATH.md §3 row 4, T1b) — the form in which a baseline matters:
+    """Scale-only external baseline (docs/GRPO_MATH.md §3 row 4, T1b) — the form in which a baseline matters:
 
         Â_i = (r_i − b) / (std_G(r; ddof) + eps)           if the group's valid rewards are not all equal
         Â_i = (r_i − b) / std_floor                        if they are all equal (std = 0)
@@ -252,7 +252,7 @@ def compute_advantages(
 def whiten(
     x: jax.Array, mask: jax.Array, *, shift_mean: bool = True, eps: float = 1e-8, unbiased: bool = True
 ):
-    """TRL `masked_whiten` (trl/trainer/utils.py; used on PPO advantages, GRPO_MATH.md §2):
+    """TRL `masked_whiten` (trl/trainer/utils.py; used on PPO advantages, docs/GRPO_MATH.md §2):
 
         x̂ = (x − mean_m(x)) · rsqrt(var_m(x) + eps)        (+ mean_m(x) back if not shift_mean)
 
@@ -346,3 +346,28 @@ def multi_reward_advantages(
         rew = jnp.where(unscorable, jnp.nan, jnp.where(jnp.isnan(rk), 0.0, rk * w).sum(-1))
         adv = (rew - _nanmean(rew, all_axes)) / (_nanstd(rew, all_axes) + eps)
     return jnp.where(jnp.isnan(adv), 0.0, adv), rew
+
+
+# ------------------------------------------------------------------------------------------------------------
+# reward shaping before the advantages
+# ------------------------------------------------------------------------------------------------------------
+
+
+def soft_overlong_punishment(lengths: jax.Array, *, max_len: int, cache_len: int) -> jax.Array:
+    """DAPO soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13;
+    TRL get_soft_overlong_punishment; docs/GRPO_MATH.md T7), counted in TOKENS:
+
+        R_length(y) = 0                                     |y| ≤ L_max − L_cache
+                    = ((L_max − L_cache) − |y|) / L_cache   L_max − L_cache < |y| ≤ L_max
+                    = −1                                    |y| > L_max
+
+    lengths: any shape of token counts -> float32 of the same shape. Added to the correctness reward.
+    """
+    if cache_len <= 0 or max_len <= cache_len:
+        raise ValueError(
+            f"soft_overlong_punishment needs 0 < cache_len < max_len; got {max_len=}, {cache_len=}."
+        )
+    y = jnp.asarray(lengths, jnp.float32)
+    free = float(max_len - cache_len)
+    ramp = (free - y) / float(cache_len)
+    return jnp.where(y <= free, 0.0, jnp.where(y <= float(max_len), ramp, -1.0))

@@ -1,4 +1,4 @@
-"""Adaptive coefficient controllers and scalar schedules (GRPO_MATH.md §2, §3 rows 11–12, T9).
+"""Adaptive coefficient controllers and scalar schedules (docs/GRPO_MATH.md §2, §3 rows 11–12, T9).
 
 Every controller is one `Controller(init, update, applied)` triple over a NamedTuple state of float32 scalars,
 called the same way whatever its kind (no duck typing):
@@ -76,8 +76,9 @@ def seed_entropy_controller(
     min_coef: float = 0.001,
     max_coef: float = 0.02,
 ) -> Controller:
-    """The seed document's `adjust_entropy` rule (GRPO_MATH.md §3 row 11, T9). Its constants come from the
-    seed document, NOT from a paper (structural relatives: PPO adaptive KL, Skywork-OR1 adaptive entropy):
+    """The seed document's `adjust_entropy` rule (docs/GRPO_MATH.md §3 row 11, T9). Its constants come
+    from the seed document, NOT from a paper (structural relatives: PPO adaptive KL, Skywork-OR1 adaptive
+    entropy):
 
         H < low·target   ->  c ← min(max_coef, up·c)
         H > high·target  ->  c ← max(min_coef, down·c)
@@ -112,7 +113,7 @@ def skywork_entropy_controller(
     max_coef: float | None = None,
 ) -> Controller:
     """Skywork-OR1 adaptive entropy control (He et al. 2025, arXiv 2505.22312; TRL `use_adaptive_entropy`;
-    GRPO_MATH.md §3 row 11, T9):
+    docs/GRPO_MATH.md §3 row 11, T9):
 
         applied_k = c_k · 1[H_k <= target]                               (coefficient used at step k)
         c_{k+1}   = clip(c_k + Δ·sign(target − H_k), min_coef, max_coef)
@@ -139,7 +140,7 @@ def skywork_entropy_controller(
 
 
 def ppo_adaptive_kl_controller(init_coef: float = 1.0, target: float = 0.01) -> Controller:
-    """PPO adaptive KL penalty (Schulman et al. 2017, arXiv 1707.06347 §4; GRPO_MATH.md §2, T9):
+    """PPO adaptive KL penalty (Schulman et al. 2017, arXiv 1707.06347 §4; docs/GRPO_MATH.md §2, T9):
 
         d < target/1.5  ->  β ← β/2          d > 1.5·target  ->  β ← 2β          otherwise unchanged
 
@@ -161,7 +162,7 @@ def ppo_adaptive_kl_controller(init_coef: float = 1.0, target: float = 0.01) -> 
 
 def ziegler_kl_controller(init_coef: float = 0.05, target: float = 6.0, horizon: int = 10000) -> Controller:
     """Proportional KL controller (Ziegler et al. 2019, arXiv 1909.08593; verl/TRL AdaptiveKLController;
-    GRPO_MATH.md T9):
+    docs/GRPO_MATH.md T9):
 
         e = clip(KL/target − 1, −0.2, 0.2)          β ← β · (1 + e · n_steps / horizon)
 
@@ -205,7 +206,8 @@ def constant_controller(coef: float | None = None, *, init_coef: float | None = 
 
 
 def piecewise_controller(boundaries: Sequence[int], values: Sequence[float]) -> Controller:
-    """A coefficient schedule as a controller (the seed's β 0.03 -> 0.01 -> 0.005, GRPO_MATH §3 row 12):
+    """A coefficient schedule as a controller (the seed's β 0.03 -> 0.01 -> 0.005, docs/GRPO_MATH.md §3 row
+    12):
     coefficient `piecewise_constant(boundaries, values)(t)` at update t (t = train steps done, counted in the
     state so a resumed run continues it). The measurement is ignored. Values are data of the compiled step:
     the coefficient changes without recompiling."""

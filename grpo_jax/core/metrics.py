@@ -1,5 +1,5 @@
-"""Small masked reductions: `masked_mean`, `masked_std`, `explained_variance`, `global_norm` (jnp,
-jit/vmap-safe).
+"""Small masked reductions and numeric helpers: `masked_mean`, `masked_std`, `masked_quantile`,
+`explained_variance`, `global_norm`, `f32`, `LOG_CLAMP` (jnp, jit/vmap-safe).
 
 The rest of `grpo_jax.core` uses them. pass@k (host-side NumPy on evaluation counts) lives in
 `grpo_jax.codegen.passk` (NumPy only).
@@ -9,6 +9,17 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+# exp() arguments are clamped to this range: exp(20) ≈ 4.9e8 is finite in float32 (max ≈ 3.4e38, and still
+# finite after multiplying by an advantage or summing over a batch), while anything beyond it means the policy
+# moved so far from its anchor that the exact value is meaningless anyway.
+LOG_CLAMP = 20.0
+
+
+def f32(x) -> jax.Array:
+    """x as a float32 array (every loss input is cast on entry)."""
+    return jnp.asarray(x, jnp.float32)
+
 
 # ------------------------------------------------------------------------------------------------------------
 # Masked reductions (jnp, jit/vmap-safe)
@@ -59,3 +70,18 @@ def global_norm(tree) -> jax.Array:
     if not leaves:
         return jnp.zeros((), jnp.float32)
     return jnp.sqrt(sum(jnp.sum(jnp.square(jnp.asarray(x, jnp.float32))) for x in leaves))
+
+
+def masked_quantile(x: jax.Array, mask: jax.Array, q: float) -> jax.Array:
+    """The q-quantile of x over mask > 0, linear interpolation between order statistics (torch.quantile's
+    default): position q·(n − 1) of the sorted valid values. Any shapes (flattened); NaN when n = 0."""
+    xm = jnp.where(jnp.asarray(mask) > 0, f32(x), jnp.inf).ravel()
+    n = jnp.sum(jnp.asarray(mask) > 0)
+    xs = jnp.sort(xm)
+    pos = jnp.float32(q) * jnp.maximum(n - 1, 0).astype(jnp.float32)
+    lo = jnp.floor(pos).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, jnp.maximum(n - 1, 0))
+    frac = pos - lo.astype(jnp.float32)
+    a, b = xs[lo], xs[hi]
+    val = a + frac * jnp.where(frac > 0, b - a, 0.0)
+    return jnp.where(n > 0, val, jnp.nan)

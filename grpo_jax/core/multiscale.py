@@ -1,6 +1,6 @@
 """Multi-scale advantages: the sparse all-pass outcome plus per-test sub-goal advantages.
 
-What this is, honestly (GRPO_MATH.md §3 row 14): the seed document's "multi-scale advantage (sub-goals)",
+What this is, honestly (docs/GRPO_MATH.md §3 row 14): the seed document's "multi-scale advantage (sub-goals)",
 RENAMED. No GRPO paper defines it. Its nearest published relatives are
   * DeepSeekMath process supervision (arXiv 2402.03300 §4.1.3; `advantages.process_advantages`), which
     normalises per-STEP rewards within the group and sums them over later steps, and

@@ -202,3 +202,35 @@ def make_logp_fn(cfg: tfm.TransformerConfig, chunk: int, with_values: bool = Fal
         return (*out, values) if with_values else out
 
     return logp_fn
+
+
+def logp_from_logits(logits_fn):
+    """The policy function (`logp_fn`) of any `logits_fn(params, prompt, prompt_mask, completions) ->
+    logits [B, G, T, V]` (or -> (logits, values [B, G, T])): full logits, then token log-probs and
+    entropies (and the values when the logits_fn returns them). Another model family plugs into the train
+    step through this."""
+
+    def fn(params, prompt, prompt_mask, completions, temperature):
+        out = logits_fn(params, prompt, prompt_mask, completions)
+        if isinstance(out, tuple):
+            logits, values = out
+            return (*tfm.token_logp(logits, completions, temperature), values)
+        return tfm.token_logp(out, completions, temperature)
+
+    return fn
+
+
+def policy_logp_fn(cfg: tfm.TransformerConfig):
+    """The transformer's policy function for the train step: `logp_fn(params, prompt, prompt_mask,
+    completions, temperature) -> (logp, entropy)` [B, G, T] each, or (logp, entropy, values) for a model with
+    a value head (the critic of PPO). The head is chunked when `cfg.logp_chunk` > 0 (`make_logp_fn`: never
+    the [B, G, T, V] logits), else full logits (`forward_grouped` + `token_logp`)."""
+    if cfg.logp_chunk:
+        return make_logp_fn(cfg, cfg.logp_chunk, with_values=cfg.value_head)
+
+    def logits_fn(params, prompt, prompt_mask, completions):
+        if cfg.value_head:
+            return tfm.forward_grouped(params, cfg, prompt, prompt_mask, completions)
+        return tfm.forward_grouped(params, cfg, prompt, prompt_mask, completions)[0]
+
+    return logp_from_logits(logits_fn)

@@ -18,7 +18,7 @@ Initialisation follows the purejaxrl / CleanRL PPO convention rather than PyTorc
 orthogonal weights with gain sqrt(2) in the trunk, 0.01 on the actor head (so the initial policy is close to
 uniform / zero-mean, which puts a bandit at chance level) and 1.0 on the critic head; zero biases.
 
-GRPO is critic-free (GRPO_MATH.md §3 row 5): the critic head is kept so the same network serves PPO, and
+GRPO is critic-free (docs/GRPO_MATH.md §3 row 5): the critic head is kept so the same network serves PPO, and
 ``critic_mask`` / ``param_labels`` let a GRPO optimiser freeze it (no gradient, no optimiser state).
 
 All functions take plain parameter pytrees (the ``"params"`` collection, no ``{"params": ...}`` wrapper) and
@@ -241,6 +241,6 @@ def param_labels(params: dict) -> dict:
     """``"critic"`` on the critic head's leaves, ``"actor"`` elsewhere (trunk, actor head, log_std).
 
     For ``optax.multi_transform``: e.g. ``{"actor": adamw, "critic": optax.set_to_zero()}`` gives the critic
-    no update and no optimiser state, as GRPO_MATH.md §3 row 5 asks for GRPO.
+    no update and no optimiser state, as docs/GRPO_MATH.md §3 row 5 asks for GRPO.
     """
     return jax.tree.map(lambda is_critic: "critic" if is_critic else "actor", critic_mask(params))

@@ -92,7 +92,11 @@ class TransformerConfig:
     value_head: bool = False
     compute_dtype: str = "float32"  # "bfloat16" for accelerators; logits and softmax stay float32
     param_dtype: str = "float32"
-    remat: str = "none"  # per-layer rematerialisation policy, one of REMAT_POLICIES (memory for compute)
+    # per-layer rematerialisation policy, one of REMAT_POLICIES (memory for compute); the main job's default
+    remat: str = "dots_no_batch"
+    # the train step's LM head: token log-probs and entropies in chunks of this many positions (policies.logp;
+    # never the [B, G, T, V] logits), 0 = full logits (the main job's default; 512 for a real vocabulary)
+    logp_chunk: int = 0
     init_std: float = 0.02
     # --- real-checkpoint options (grpo_jax.pretrained.hf); the defaults are today's model, bit for bit ---
     qk_norm: bool = False  # Qwen3: RMSNorm over Dh of each q / k head (weights "q_norm"/"k_norm" [L, Dh])
@@ -114,6 +118,8 @@ class TransformerConfig:
             bad("n_heads", f"must divide d_model={self.d_model} unless head_dim is given")
         if self.dim_head % 2:
             bad("head_dim", "must be even (RoPE rotates pairs)")
+        if int(self.logp_chunk) < 0:
+            bad("logp_chunk", "must be >= 0 (0 = full logits)")
         for f in ("compute_dtype", "param_dtype"):
             if getattr(self, f) not in ("float32", "bfloat16", "float16"):
                 bad(f, "valid: float32, bfloat16, float16")

@@ -3,7 +3,8 @@
 Stdlib only: this module imports nothing of grpo_jax (the problem type, `grpo_jax.problem.Problem`, builds on
 `TestCase` from here, never the other way round).
 
-The contract (SANDBOX.md §3): `Executor.run(jobs)` returns exactly one `Verdict` per job, in order, and never
+The contract (docs/SANDBOX.md §3): `Executor.run(jobs)` returns exactly one `Verdict` per job, in order,
+and never
 raises. `passed` is True only if every parent-graded test returned a value equal (type-strictly) to its
 expected value AND the child check (if any) completed without error. Exit status and stdout are never the
 verdict.
@@ -63,7 +64,7 @@ class Status(enum.StrEnum):
 
 @dataclasses.dataclass(frozen=True)
 class Limits:
-    """Per-program resource limits (SANDBOX.md §3 defaults)."""
+    """Per-program resource limits (docs/SANDBOX.md §3 defaults)."""
 
     wall_s: float = 4.0
     cpu_s: int = 4

@@ -5,8 +5,11 @@
     tok = load_tokenizer("path/to/dir")         # tokenizer.json (+ tokenizer_config.json, ...) -> HFTokenizer
     tok = load_tokenizer("model.Q4_1.gguf")     # rebuilt from the GGUF metadata              -> HFTokenizer
     tok = CodeTokenizer()                       # the procedural suite's 512-id tokenizer, same interface
+    prompt, mask = pad_prompts(tok, chats)      # left-padded [B, P] token ids for the sampler
+    texts = decode_completions(tok, tokens, mask)   # completions back to text (cut at the end of the turn)
 
-Layers: base <- hf <- code <- this module (no circle); nothing here imports JAX or the rest of grpo_jax.
+Layers: base <- hf <- code <- this module, base <- batch (no circle); nothing here imports JAX or the rest
+of grpo_jax.
 Known checkpoint names (e.g. smollm2-135m-instruct) are resolved by grpo_jax.pretrained.load_tokenizer.
 """
 
@@ -16,6 +19,7 @@ import json
 import os
 
 from grpo_jax.tokenization.base import Tokenizer
+from grpo_jax.tokenization.batch import decode_completions, pad_prompts, stop_ids
 from grpo_jax.tokenization.code import CODE_MARKER, CodeTokenizer, save_code_tokenizer
 from grpo_jax.tokenization.hf import HFTokenizer, render_chat_template
 
@@ -23,9 +27,12 @@ __all__ = [
     "CodeTokenizer",
     "HFTokenizer",
     "Tokenizer",
+    "decode_completions",
     "load_tokenizer",
+    "pad_prompts",
     "render_chat_template",
     "save_code_tokenizer",
+    "stop_ids",
 ]
 
 

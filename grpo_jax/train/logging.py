@@ -598,3 +598,28 @@ def read_texts(path_or_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]
         return None
 
     return _read(path_or_dir, pick)
+
+
+class NullLogger:
+    """The logger of processes other than 0 (they write nothing)."""
+
+    def scalars(self, *a, **k) -> None: ...
+
+    def histograms(self, *a, **k) -> None: ...
+
+    def samples(self, *a, **k) -> None: ...
+
+    def table(self, *a, **k) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def final_table(results: dict) -> str:
+    sft_r, grpo_r = results.get("sft", {}), results.get("grpo", {})
+    keys = [k for k in sft_r if k.startswith("pass@") or k.endswith("/pass@1")]  # incl. mbpp/, humaneval/
+    before = "after SFT" if "sft_seconds" in results or "sft_from" in results else "before GRPO"
+    lines = ["", f"{'held-out metric':<24}{before:>12}{'after GRPO':>12}"]
+    for k in keys:
+        g = grpo_r.get(k)
+        lines.append(f"{k:<24}{sft_r[k]:>12.3f}{(f'{g:.3f}' if g is not None else '-'):>12}")
+    return "\n".join(lines)

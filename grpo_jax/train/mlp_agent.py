@@ -5,19 +5,21 @@ Both trainers are a pure, jitted ``train_step(state, key) -> (state, metrics)``;
 (``jax.random.fold_in``), so passing the same key every step is correct and a resumed run is bit-identical.
 Metrics are a flat dict of float32 scalars.
 
-GRPO (DeepSeekMath §4.1, GRPO_MATH.md §1.1) on a one-step bandit — B observations ("prompts"), G actions each
+GRPO (DeepSeekMath §4.1, docs/GRPO_MATH.md §1.1) on a one-step bandit — B observations ("prompts"), G
+actions each
 ("completions" of length T = 1)::
 
     a_{b,i} ~ π_old(·|s_b),  r_{b,i} = task.reward(s_b, a_{b,i})                       [B, G]
     Â_{b,i} = (r_{b,i} − mean_i r_{b,·}) / (std_i(r_{b,·}; ddof) + eps)                  group_zscore
-    loss    = −mean_{b,i}[ min(ρ Â, clip(ρ, 1−ε_l, 1+ε_h) Â) − β·k3(π_θ‖π_ref) + c_H·H(π_θ) ]   grpo_loss
+    loss    = −mean_{b,i}[ min(ρ Â, clip(ρ, 1−ε_l, 1+ε_h) Â) − β·k3(π_θ‖π_ref) + c_H·H(π_θ) ]   policy_loss
 
 with π_ref the frozen initial policy and ``num_inner_steps`` (μ) gradient steps per batch (ρ = 1 on the
-first). GRPO is critic-free (GRPO_MATH.md §3 row 5): the loss never touches the critic head, and the optimiser
+first). GRPO is critic-free (docs/GRPO_MATH.md §3 row 5): the loss never touches the critic head, and the
+optimiser
 is an ``optax.multi_transform`` that sends the critic's leaves to ``optax.set_to_zero()`` — no update, no Adam
 moments, and no weight decay (plain AdamW over all params would still shrink the critic through weight decay).
 
-PPO (Schulman et al. 2017; GAE Schulman et al. 2016; GRPO_MATH.md §2) on the episodic ``toy.Chain``:
+PPO (Schulman et al. 2017; GAE Schulman et al. 2016; docs/GRPO_MATH.md §2) on the episodic ``toy.Chain``:
 N parallel episodes of at most ``horizon`` steps with a prefix "alive" mask, GAE with V(s_{T+1}) = 0 (every
 episode ends by the horizon and the observation carries the time, so the cut is part of the MDP), advantages
 whitened over valid steps, then ``num_epochs`` × ``num_minibatches`` (whole episodes per minibatch) of the
@@ -36,8 +38,11 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.ppo import ppo_loss
+from grpo_jax.config import PolicyLossConfig
 from grpo_jax.core.advantages import group_zscore, whiten
-from grpo_jax.core.losses import GRPOLossConfig, gae, grpo_loss, ppo_loss
+from grpo_jax.core.value import gae
 from grpo_jax.envs import toy
 from grpo_jax.policies import mlp
 
@@ -72,7 +77,7 @@ class GRPOAgentConfig:
     entropy_coef: float = 0.0  # c_H, entropy bonus
     adv_ddof: int = 1
     adv_eps: float = 1e-4
-    loss: GRPOLossConfig = GRPOLossConfig()
+    loss: PolicyLossConfig = PolicyLossConfig()
 
     def __post_init__(self):
         for name in ("num_prompts", "group_size", "num_inner_steps"):
@@ -139,7 +144,7 @@ def make_grpo_train_step(task: BanditTask, cfg: GRPOAgentConfig):
             out = mlp.apply(params, obs_g)
             logp = mlp.dist_logp(out, actions)[..., None]  # [B, G, 1]
             ent = mlp.dist_entropy(out)[..., None]  # [B, G, 1]
-            return grpo_loss(
+            return policy_loss(
                 logp,
                 logp_old,
                 logp_ref,
@@ -277,6 +282,67 @@ def chain_rollout(params: dict, env: toy.Chain, key: Array, num_envs: int) -> Ro
     return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), traj)  # [N, T, ...]
 
 
+def chain_ppo_loss(params, mb, cfg: PPOAgentConfig):
+    """The PPO loss of one minibatch of chain episodes: the LM's PPO loss (grpo_jax.algorithms.ppo.ppo_loss;
+    clip ε both sides, masked token means as TRL's PPO) over the episode steps, and its diagnostics."""
+    ro_mb, adv_mb, ret_mb = mb
+    out = mlp.apply(params, ro_mb.obs)  # [n, T, ...]
+    logp = mlp.dist_logp(out, ro_mb.action)
+    loss_cfg = PolicyLossConfig(
+        eps_low=cfg.clip_eps, eps_high=cfg.clip_eps, aggregation="token_mean", entropy_bonus="token_mean"
+    )
+    loss, (aux, vaux) = ppo_loss(
+        logp,
+        ro_mb.logp,
+        None,
+        out.value,
+        ro_mb.value,
+        adv_mb,
+        ret_mb,
+        ro_mb.mask,
+        cfg=loss_cfg,
+        vf_coef=cfg.vf_coef,
+        cliprange_value=cfg.clip_eps_value,
+        entropy_coef=cfg.entropy_coef,
+        entropy=mlp.dist_entropy(out),
+    )
+    d = jax.lax.stop_gradient(logp - ro_mb.logp)
+    stats = {
+        "pg_loss": aux.pg_loss,
+        "vf_loss": vaux.vf_loss,
+        "entropy": aux.entropy,
+        "clip_frac": aux.clip_region_frac,
+        "vf_clip_frac": vaux.vf_clip_frac,
+        "approx_kl": 0.5 * jnp.sum(d * d * ro_mb.mask) / jnp.maximum(ro_mb.mask.sum(), 1.0),  # TRL's approxkl
+    }
+    return loss, stats
+
+
+def chain_ppo_metrics(ro, returns, auxs, grad_norms) -> Metrics:
+    """One PPO step's metrics: episode return / length, the rollout-time critic's value loss and explained
+    variance, the first minibatch's value loss and entropy, the last minibatch's policy diagnostics."""
+    first = jax.tree.map(lambda x: x[0, 0], auxs)  # first minibatch: the rollout-time critic
+    last = jax.tree.map(lambda x: x[-1, -1], auxs)
+    valid = ro.mask.sum()
+    resid_var = ((returns - ro.value) ** 2 * ro.mask).sum() / valid
+    ret_mean = (returns * ro.mask).sum() / valid
+    ret_var = ((returns - ret_mean) ** 2 * ro.mask).sum() / valid
+    return {
+        "episode_return": ro.reward.sum(-1).mean(),
+        "episode_length": ro.mask.sum(-1).mean(),
+        # 0.5·mean (V − R̂)² of the rollout-time critic on this batch (before this step's updates)
+        "value_loss": 0.5 * resid_var,
+        "explained_variance": 1.0 - resid_var / jnp.maximum(ret_var, 1e-8),
+        "vf_loss_first_minibatch": first["vf_loss"],
+        "pg_loss": last["pg_loss"],
+        "entropy": first["entropy"],
+        "clip_frac": last["clip_frac"],
+        "vf_clip_frac": last["vf_clip_frac"],
+        "approx_kl": last["approx_kl"],
+        "grad_norm": grad_norms.mean(),
+    }
+
+
 def make_ppo_train_step(env: toy.Chain, cfg: PPOAgentConfig):
     """Returns the jitted ``train_step(state, key) -> (state, metrics)`` (state donated)."""
     tx = ppo_optimizer(cfg)
@@ -290,22 +356,7 @@ def make_ppo_train_step(env: toy.Chain, cfg: PPOAgentConfig):
         adv_used = whiten(adv, ro.mask) * ro.mask if cfg.whiten_advantages else adv
 
         def loss_fn(params, mb):
-            ro_mb, adv_mb, ret_mb = mb
-            out = mlp.apply(params, ro_mb.obs)  # [n, T, ...]
-            return ppo_loss(
-                mlp.dist_logp(out, ro_mb.action),
-                ro_mb.logp,
-                out.value,
-                ro_mb.value,
-                adv_mb,
-                ret_mb,
-                ro_mb.mask,
-                eps=cfg.clip_eps,
-                eps_v=cfg.clip_eps_value,
-                vf_coef=cfg.vf_coef,
-                entropy_coef=cfg.entropy_coef,
-                entropy=mlp.dist_entropy(out),
-            )
+            return chain_ppo_loss(params, mb, cfg)
 
         def minibatch_step(carry, mb):
             params, opt_state = carry
@@ -323,26 +374,7 @@ def make_ppo_train_step(env: toy.Chain, cfg: PPOAgentConfig):
         (params, opt_state), (auxs, grad_norms) = jax.lax.scan(
             epoch, (state.params, state.opt_state), jax.random.split(k_perm, cfg.num_epochs)
         )
-        first = jax.tree.map(lambda x: x[0, 0], auxs)  # first minibatch: the rollout-time critic
-        last = jax.tree.map(lambda x: x[-1, -1], auxs)
-        valid = ro.mask.sum()
-        resid_var = ((returns - ro.value) ** 2 * ro.mask).sum() / valid
-        ret_mean = (returns * ro.mask).sum() / valid
-        ret_var = ((returns - ret_mean) ** 2 * ro.mask).sum() / valid
-        metrics = {
-            "episode_return": ro.reward.sum(-1).mean(),
-            "episode_length": ro.mask.sum(-1).mean(),
-            # 0.5·mean (V − R̂)² of the rollout-time critic on this batch (before this step's updates)
-            "value_loss": 0.5 * resid_var,
-            "explained_variance": 1.0 - resid_var / jnp.maximum(ret_var, 1e-8),
-            "vf_loss_first_minibatch": first.vf_loss,
-            "pg_loss": last.pg_loss,
-            "entropy": first.entropy,
-            "clip_frac": last.clip_frac,
-            "vf_clip_frac": last.vf_clip_frac,
-            "approx_kl": last.approx_kl,
-            "grad_norm": grad_norms.mean(),
-        }
+        metrics = chain_ppo_metrics(ro, returns, auxs, grad_norms)
         new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
         return new, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 

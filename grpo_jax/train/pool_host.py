@@ -19,19 +19,61 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import pool
-from grpo_jax.codegen import pipeline
 from grpo_jax.config import PoolConfig, RolloutConfig
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
-from grpo_jax.sandbox.executor import Executor
+from grpo_jax.tokenization import stop_ids
+from grpo_jax.train.grader import Grader
 from grpo_jax.train.sharding import to_host
+from grpo_jax.types import SampleOutput
+
+
+class Members(NamedTuple):
+    """The pool members one call samples with: the stacked pool parameters, the M selected slots, the LoRA
+    base (or None) and each member's temperature."""
+
+    stacked: Any
+    idx: jax.Array  # [M] slots
+    frozen: Any
+    temperatures: jax.Array  # [M]
+
+
+class MemberSampler:
+    """A Sampler of M pool members at once (one vmapped while-loop; LoRA members on one copy of the base):
+    `generate(members, prompt, prompt_mask, key)` -> SampleOutput [M, B, g, T], one key split per member."""
+
+    def __init__(self, model_cfg, ro: RolloutConfig, *, group: int, eos_ids, pad_id: int, lora_alpha):
+        self.sp = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
+        self._fn = pool.make_member_sampler(
+            model_cfg,
+            group=group,
+            max_new=ro.max_new_tokens,
+            eos_id=eos_ids,
+            pad_id=pad_id,
+            lora_alpha=lora_alpha,
+        )
+
+    def generate(self, members: Members, prompt, prompt_mask, key) -> SampleOutput:
+        keys = jax.random.split(key, members.idx.shape[0])
+        m = members
+        return self._fn(
+            m.stacked,
+            m.idx,
+            m.frozen,
+            prompt,
+            prompt_mask,
+            keys,
+            m.temperatures,
+            self.sp.top_k,
+            self.sp.top_p,
+        )
 
 
 class PoolRuntime:
@@ -41,21 +83,19 @@ class PoolRuntime:
         rollout: RolloutConfig,
         model_cfg,
         tok,
+        grader: Grader,
         *,
         uses_baseline: bool,
         lora_alpha: float | None,
-        deadline_s: float,
-        fmt: pipeline.PromptFormat = pipeline.PLAIN,
     ):
-        self.pc, self.rollout, self.tok, self.deadline_s, self.fmt = pcfg, rollout, tok, deadline_s, fmt
+        self.pc, self.rollout, self.tok, self.grader = pcfg, rollout, tok, grader
         self.uses_baseline = uses_baseline
         self.m = pcfg.members_per_step
-        self.sp = sampling.sampling_params(rollout.temperature, rollout.top_k, rollout.top_p)
-        self.sampler = pool.make_member_sampler(
+        self.sampler = MemberSampler(
             model_cfg,
+            rollout,
             group=pcfg.samples_per_member,
-            max_new=rollout.max_new_tokens,
-            eos_id=pipeline.stop_ids(tok),
+            eos_ids=stop_ids(tok),
             pad_id=tok.pad_id,
             lora_alpha=lora_alpha,
         )
@@ -87,7 +127,6 @@ class PoolRuntime:
         pool_state,
         frozen,
         keys: dict[str, jax.Array],
-        executor: Executor,
         problems: Sequence[Problem],
         prompt: jax.Array,
         pmask: jax.Array,
@@ -100,28 +139,16 @@ class PoolRuntime:
         t0 = time.perf_counter()
         k = self.pc.k_at(step)
         idx, mmask = self._select(pool_state, jnp.int32(k), keys["pool_select"], self.m)
-        temps = self._temps(pool_state, idx)
-        out = self.sampler(
-            pool_state.params,
-            idx,
-            frozen,
-            prompt,
-            pmask,
-            jax.random.split(keys["pool_sample"], self.m),
-            temps,
-            self.sp.top_k,
-            self.sp.top_p,
-        )
+        members = Members(pool_state.params, idx, frozen, self._temps(pool_state, idx))
+        out = self.sampler.generate(members, prompt, pmask, keys["pool_sample"])
         toks, cmask, mm = to_host((out.tokens, out.mask, mmask))
         b, g = len(problems), self.pc.samples_per_member
         rewards = np.full((self.m, b, g), np.nan, np.float32)
         act = np.flatnonzero(mm)
         t1 = time.perf_counter()
         if act.size:
-            texts = pipeline.decode_completions(self.tok, toks[act], cmask[act])
-            probs = list(problems) * act.size
-            _, r = pipeline.score_completions(executor, probs, texts, g, self.deadline_s, self.fmt)
-            rewards[act] = r.reshape(act.size, b, g)
+            grades = self.grader.grade(list(problems) * act.size, toks[act], cmask[act])
+            rewards[act] = grades.rewards.reshape(act.size, b, g)
         base, has = pool.returns_baseline(jnp.asarray(rewards), mmask)
         explore = np.asarray(pool_state.explore)[np.asarray(idx)] & mm
         per_member = np.nanmean(rewards[act], axis=(1, 2)) if act.size else np.zeros(0)

@@ -17,7 +17,7 @@ from grpo_jax.envs.token_task import make_prompts, rewards
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.state import init_state, make_optimizer
-from grpo_jax.train.step import make_train_step, transformer_logits_fn
+from grpo_jax.train.step import make_train_step
 from grpo_jax.types import batch_from_samples
 
 
@@ -50,9 +50,7 @@ def run(
     optimizer = make_optimizer(optim)
     params = tfm.init_params(model, rng_lib.derive(rng_lib.streams(task.seed)["init"], "model"))
     state = init_state(params, obj, optimizer, seed=task.seed)
-    train_step = make_train_step(
-        transformer_logits_fn(model), obj, optimizer, temperature=rollout.temperature
-    )
+    train_step = make_train_step(model, obj, optimizer, temperature=rollout.temperature)
     sampler = sampling.make_sampler(
         model, group=rollout.group_size, max_new=rollout.max_new_tokens, eos_id=-1, pad_id=0
     )

@@ -1,0 +1,339 @@
+"""The assembly of a run: everything a process builds once, before any state exists.
+
+    run = build(cfg, executor)        # problems, tokenizer, model, optimizer, checkpointer, mesh, rollout,
+                                      # the compiled train step, the RunState's template and shardings
+    state = placed_state(run, params) # the RunState that starts from `params`, in the run's shardings
+
+The phases that use it are grpo_jax.train.loop (set-up / resume, warm start, RL steps, evaluation, finish).
+In a multi-process run every process builds the same; only process 0 prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from grpo_jax import rng as rng_lib
+from grpo_jax.codegen import datasets, tasks
+from grpo_jax.config import RunConfig
+from grpo_jax.policies import lora
+from grpo_jax.policies import transformer as tfm
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.tokenization import CodeTokenizer, Tokenizer
+from grpo_jax.train import distributed, sharding
+from grpo_jax.train.checkpoint import Checkpointer
+from grpo_jax.train.logging import MetricsLogger
+from grpo_jax.train.rollout import make_rollout
+from grpo_jax.train.state import RunState, init_state, make_optimizer
+from grpo_jax.train.step import make_train_step
+
+
+class RunConfigError(ValueError):
+    """The run cannot start as configured (e.g. the workdir holds a different run)."""
+
+
+class Problems(NamedTuple):
+    sft: list  # the supervised warm start's problems
+    rl: list  # the RL training problems
+    heldout: list  # the held-out evaluation problems
+    extra: dict  # {name: problems} evaluated greedily besides the held-out set (mbpp, humaneval)
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything one process builds once for a run (host objects; the RunState is separate), made by `build`,
+    plus what the phases record as the run goes (`results`, `logger`, step times, memory peaks)."""
+
+    cfg: RunConfig
+    ctx: distributed.Context
+    mesh: Any
+    print: Callable[[str], None]
+    notes: tuple[str, ...]
+    executor: Executor | None
+    tok: Tokenizer
+    model: tfm.TransformerConfig
+    problems: Problems
+    optimizer: Any
+    param_fn: Callable | None  # trainable + frozen -> the model's parameters (LoRA), None: the identity
+    ckpt: Checkpointer
+    rollout: Any
+    train_step: Callable
+    template: Any  # the RunState's shapes, dtypes and shardings (the restore template)
+    state_sh: Any  # the same shardings alone (jit in/out shardings)
+    pretrained: Any = None  # the checkpoint's parameters (init_from), consumed by the warm start
+    logger: MetricsLogger | Any = None
+    results: dict = dataclasses.field(default_factory=dict)
+    t_start: float = dataclasses.field(default_factory=time.perf_counter)
+    step_times: list = dataclasses.field(default_factory=list)
+    memory_after_steps: dict = dataclasses.field(default_factory=dict)  # memory_metrics() at the last step
+
+    def close(self) -> None:
+        self.rollout.close()
+        self.ckpt.close()
+        if self.logger is not None:
+            self.logger.close()
+
+
+def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -> Run:
+    """The Run of `cfg` (no state). `executor`: the sandbox (None: a run that only opens checkpoints)."""
+    ctx = distributed.context(cfg.dist)
+    print_fn = ctx.print_fn(print_fn)
+    mesh = run_mesh(cfg, ctx, print_fn)
+    problems = problem_sets(cfg)
+    if executor is not None and cfg.sandbox.time_limits == "reference":
+        problems = reference_limits(cfg, executor, problems, print_fn, ctx)
+    tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
+    print_fn(tasks_line(cfg, problems, executor))
+    param_fn = None
+    if cfg.lora.enabled:
+
+        def param_fn(adapters, base):
+            return lora.merge(jax.lax.stop_gradient(base), adapters, alpha=cfg.lora.alpha)
+
+    optimizer = make_optimizer(cfg.optim)
+    os.makedirs(cfg.workdir, exist_ok=True)
+    ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.checkpoint.keep)
+    batch_sh = sharding.batch_sharding(mesh)
+    rollout = make_rollout(cfg, tok, executor, problems.rl, model, param_fn, ctx=ctx, batch_sharding=batch_sh)
+    template = state_template(cfg, model, optimizer, rollout, mesh)
+    state_sh = jax.tree.map(lambda a: a.sharding, template)
+    train_step = make_train_step(
+        model,
+        cfg.objective,
+        optimizer,
+        temperature=cfg.rollout.temperature,
+        param_fn=param_fn,
+        shardings=(state_sh.train, batch_sh, state_sh.frozen),
+        micro_batches=cfg.optim.micro_batches,
+    )
+    return Run(
+        cfg=cfg,
+        ctx=ctx,
+        mesh=mesh,
+        print=print_fn,
+        notes=tuple(notes),
+        executor=executor,
+        tok=tok,
+        model=model,
+        problems=problems,
+        optimizer=optimizer,
+        param_fn=param_fn,
+        ckpt=ckpt,
+        rollout=rollout,
+        train_step=train_step,
+        template=template,
+        state_sh=state_sh,
+        pretrained=pretrained,
+    )
+
+
+def tasks_line(cfg: RunConfig, p: Problems, executor: Executor | None) -> str:
+    t = cfg.tasks
+    what = f"levels {t.sft_levels} / {t.rl_levels}" if t.source == "procedural" else "MBPP train split"
+    return (
+        f"tasks: {len(p.sft)} SFT / {len(p.rl)} RL training problems ({what}), {len(p.heldout)} held-out"
+        f"{''.join(f', {len(v)} {k}' for k, v in p.extra.items())}; prompts {t.prompt_format}"
+        + (f"; sandbox tier {executor.tier}" if executor is not None else "")
+    )
+
+
+def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
+    """The run's mesh over every device of every process, checked against the batch it must split."""
+    m = cfg.mesh
+    try:
+        mesh = sharding.make_mesh(m.data, m.fsdp, m.tensor)
+    except sharding.MeshError as e:
+        raise RunConfigError(str(e)) from None
+    if ctx.multi and cfg.rollout.async_rewards:
+        # the async rollout's worker thread would run collectives and key-value exchanges concurrently with
+        # the train step's, in an order that can differ between processes
+        raise RunConfigError(
+            "--async_rewards runs with one process only (its rollout thread's collectives would interleave "
+            f"with the train step's differently in each of the {ctx.count} processes); drop it, or use one "
+            "process with several devices"
+        )
+    dp = sharding.batch_parallelism(mesh)
+    B, parts = cfg.rollout.prompts_per_step, cfg.objective.mini_batches * cfg.optim.micro_batches
+    if (B // parts) % dp:
+        raise RunConfigError(
+            f"--prompts_per_step={B} / (--mini_batches x --micro_batches = {parts}) = {B // parts} "
+            f"prompts per micro-batch must be divisible by the batch's split over the mesh, data x fsdp = "
+            f"{dp} ({jax.device_count()} devices: "
+            + ", ".join(f"{a} {mesh.shape[a]}" for a in sharding.AXES)
+            + ")"
+        )
+    if mesh.size > 1 or ctx.multi:
+        shape = " x ".join(f"{a} {mesh.shape[a]}" for a in sharding.AXES)
+        print_fn(
+            f"mesh: {shape} over {mesh.size} {jax.devices()[0].platform} devices in {ctx.count} process(es)"
+        )
+    return mesh
+
+
+def problem_sets(cfg: RunConfig) -> Problems:
+    """The run's problems: the procedural suite's splits (or MBPP's), and the extra evaluation sets."""
+    t = cfg.tasks
+    if t.source == "mbpp":
+        train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
+        sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
+    else:
+        split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
+        sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
+        rl_p = tasks.make_split("train", levels=t.rl_levels, **split)
+        heldout = tasks.make_split(
+            "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
+        )
+    extra = {}
+    if cfg.eval.mbpp:
+        extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
+    if cfg.eval.humaneval:
+        extra["humaneval"] = datasets.load_humaneval()
+    return Problems(sft_p, rl_p, heldout, extra)
+
+
+def reference_limits(cfg: RunConfig, executor: Executor, p: Problems, print_fn, ctx=None) -> Problems:
+    """Every graded problem with its own wall limit from its reference's measured time (cached on disk).
+    Several processes: process 0 measures and sends the limits to the others, so every sandbox grades
+    with the same limits."""
+    from grpo_jax.codegen.timelimits import with_reference_time_limits
+
+    kw = dict(floor_s=cfg.sandbox.time_limit_floor_s, factor=cfg.sandbox.time_limit_factor)
+    groups = [p.rl, p.heldout, *p.extra.values()]
+    problems = [q for g in groups for q in g]
+
+    def measure():
+        flat, report = with_reference_time_limits(executor, problems, **kw)
+        return [q.time_limit_s for q in flat], report
+
+    limits, rep = (ctx or distributed.Context()).broadcast_object("time_limits", measure)
+    flat = [dataclasses.replace(q, time_limit_s=t) for q, t in zip(problems, limits, strict=True)]
+    out, i = [], 0
+    for g in groups:
+        out.append(flat[i : i + len(g)])
+        i += len(g)
+    print_fn(
+        f"time limits: per problem {rep['min_s']:.2f}–{rep['max_s']:.2f} s (median {rep['median_s']:.2f}; "
+        f"{rep['measured']} references measured, {rep['cached']} cached, {rep['failed_reference']} "
+        f"without a passing reference keep {rep['cap_s']} s)"
+    )
+    return Problems(p.sft, out[0], out[1], dict(zip(p.extra, out[2:], strict=True)))
+
+
+def model_and_tokenizer(cfg: RunConfig, print_fn=print):
+    """(tokenizer, TransformerConfig, pretrained params or None): the checkpoint of --init_from with its own
+    tokenizer, or a fresh model of cfg.model's shape over the procedural tokenizer (or --tokenizer)."""
+    m = cfg.model
+    tok = CodeTokenizer()
+    if m.tokenizer or m.init_from:
+        from grpo_jax.pretrained.api import load_tokenizer
+
+        tok = load_tokenizer(m.tokenizer or m.init_from)
+    if not m.init_from:
+        return tok, model_config(cfg, tok), None
+    from grpo_jax.pretrained.api import load_pretrained
+
+    t0 = time.perf_counter()
+    model, params = load_pretrained(m.init_from)
+    model = dataclasses.replace(
+        model,
+        compute_dtype=m.compute_dtype,
+        remat=m.remat,
+        logp_chunk=m.logp_chunk,
+        value_head=cfg.objective.algorithm == "ppo",
+    )
+    params = with_value_head(params, model)
+    if tok.vocab_size > model.vocab_size:
+        raise RunConfigError(
+            f"--tokenizer={m.tokenizer or m.init_from} has {tok.vocab_size} ids but the model of "
+            f"--init_from={m.init_from} embeds {model.vocab_size}"
+        )
+    n = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+    print_fn(
+        f"model: {m.init_from} ({n / 1e6:.1f} M parameters, {model.n_layers} layers, d {model.d_model}, "
+        f"vocab {model.vocab_size}; loaded in {time.perf_counter() - t0:.1f} s)"
+    )
+    return tok, model, params
+
+
+def model_config(cfg: RunConfig, tok) -> tfm.TransformerConfig:
+    """The transformer of the run: cfg.model's shape over the tokenizer's vocabulary."""
+    m = cfg.model
+    return tfm.TransformerConfig(
+        vocab_size=tok.vocab_size,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        n_kv_heads=m.n_kv_heads,
+        d_ff=m.d_ff,
+        qkv_bias=m.qkv_bias,
+        tie_embeddings=m.tie_embeddings,
+        compute_dtype=m.compute_dtype,
+        remat=m.remat,
+        logp_chunk=m.logp_chunk,
+        value_head=cfg.objective.algorithm == "ppo",  # the critic of --algorithm=ppo (shared trunk)
+    )
+
+
+def with_value_head(params: Any, model: tfm.TransformerConfig) -> Any:
+    """`params` with a zero-initialised value head (as transformer.init_params makes it) when the model has
+    one and the parameters do not (a pretrained checkpoint under --algorithm=ppo)."""
+    if not model.value_head or "value_head" in params:
+        return params
+    dt = params["final_norm"].dtype
+    head = {"kernel": np.zeros((model.d_model, 1), dt), "bias": np.zeros((1,), dt)}
+    return {**params, "value_head": head}
+
+
+def without_value_head(model: tfm.TransformerConfig, params: Any) -> tuple[tfm.TransformerConfig, Any]:
+    """The policy alone (PPO's critic dropped): what a Hugging Face causal LM can hold."""
+    if not model.value_head:
+        return model, params
+    policy = {k: v for k, v in params.items() if k != "value_head"}
+    return dataclasses.replace(model, value_head=False), policy
+
+
+def fresh_state(cfg: RunConfig, optimizer, rollout, params: Any) -> RunState:
+    """The RunState that starts from `params` (the SFT policy): LoRA adapters (B = 0) over the frozen base
+    when LoRA is on, the rollout's state (pool shaped like the trainable parameters, curriculum, ...)."""
+    frozen = None
+    if cfg.lora.enabled:
+        key = rng_lib.derive(rng_lib.streams(cfg.seed)["init"], "lora")
+        frozen, params = params, lora.init(params, key, rank=cfg.lora.rank, targets=cfg.lora.targets)
+    train = init_state(params, cfg.objective, optimizer, seed=cfg.seed)
+    return RunState(train=train, rollout=rollout.init_state(params), frozen=frozen)
+
+
+def state_template(cfg: RunConfig, model, optimizer, rollout, mesh) -> RunState:
+    """The RunState's shapes and dtypes with its shardings (traced once per run; the restore template):
+    train state and LoRA base by parameter specs (sharding.tree_shardings), the pool's members split over
+    data (sharding.pool_shardings), the rest of the rollout state (curriculum, replay, pending batch, pool
+    bookkeeping) replicated."""
+    init = lambda: fresh_state(cfg, optimizer, rollout, tfm.init_params(model, jax.random.PRNGKey(0)))
+    abstract = jax.eval_shape(init)
+    rep = sharding.replicated(mesh)
+    shard_rollout = jax.tree.map(lambda _: rep, abstract.rollout)
+    if abstract.rollout.pool is not None:  # the pool's K snapshots split over the data axis
+        shard_rollout = shard_rollout.replace(pool=sharding.pool_shardings(abstract.rollout.pool, mesh))
+    shardings = RunState(
+        train=sharding.tree_shardings(abstract.train, mesh),
+        rollout=shard_rollout,
+        frozen=sharding.tree_shardings(abstract.frozen, mesh),
+    )
+    return jax.tree.map(
+        lambda a, sh: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh), abstract, shardings
+    )
+
+
+def placed_state(run: Run, params: Any) -> RunState:
+    """fresh_state(...) of `params` built straight into the run's shardings: the (host or local) parameters
+    are placed by their specs first, so a checkpoint's weights and the optimizer moments never sit whole on
+    one device."""
+    params = sharding.put(params, sharding.tree_shardings(params, run.mesh))
+    fresh = lambda p: fresh_state(run.cfg, run.optimizer, run.rollout, p)
+    return jax.jit(fresh, out_shardings=run.state_sh)(params)
