@@ -357,11 +357,30 @@ def parse(argv: list[str], fv: flags.FlagValues = flags.FLAGS) -> list[str]:
     the flagfile-expanded argv for the precedence rule."""
     global _EXPANDED
     try:
+        rest, _EXPANDED = _parse(argv, fv)
+    except FlagError as e:
+        fail(str(e))
+    return rest
+
+
+def _parse(argv: list[str], fv: flags.FlagValues) -> tuple[list[str], list[str]]:
+    """(positional arguments, the argv with flagfiles expanded in place); FlagError with the one line."""
+    try:
         rest = fv(argv)
-        _EXPANDED = fv.read_flags_from_files(list(argv[1:]), force_gnu=False)
-        return rest
+        return rest, fv.read_flags_from_files(list(argv[1:]), force_gnu=False)
     except flags.Error as e:
-        fail(str(e).replace("ERROR:: ", ""))
+        raise FlagError(str(e).replace("ERROR:: ", "")) from None
     except UnicodeDecodeError as e:  # a flagfile that is not text
-        fail(f"a --flagfile is not valid UTF-8 text ({e.reason} at byte {e.start})")
-    raise AssertionError("unreachable")
+        raise FlagError(f"a --flagfile is not valid UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def resolve(argv: list[str]) -> tuple[C.RunConfig, list[str]]:
+    """(RunConfig, notes) of a command line (argv[0] is the program's name), parsed into a fresh FlagValues:
+    the main job's flag handling in-process (library use and tests). Any bad input raises FlagError with
+    the one line the main job prints before exiting with status 2."""
+    fv = flags.FlagValues()
+    define_flags(fv)
+    rest, expanded = _parse(argv, fv)
+    if len(rest) > 1:
+        raise FlagError(f"unexpected positional arguments: {' '.join(rest[1:])}")
+    return config_from_flags(fv, expanded)

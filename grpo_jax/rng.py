@@ -9,7 +9,7 @@ so the key of step n never depends on how many keys earlier code drew (docs/ARCH
 two
 consumers never share a key as long as each one gets its own name. Consumers fold only small integers (token
 index, member index) into the key they are given; name hashes are forced >= 2**24 so a name never collides
-with such an index below the same parent key. `tests/test_rng.py` checks that all keys of one step are
+with such an index below the same parent key. `tests/test_rollout.py` checks that all keys of one step are
 pairwise distinct.
 """
 

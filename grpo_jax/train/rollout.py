@@ -160,7 +160,7 @@ class CodegenRollout:
                     break
                 extra, _ = self.source.draw(state, keys[f"refill_problems/{r}"])
                 rounds.append(self.sample_and_grade(full, extra, keys[f"sample/{r}"]))
-        batch, rows = self.assemble(rounds, m)
+        batch, rows = assemble(rounds, self.B, self.G, dynamic=bool(self.rounds), m=m)
         if self.pool_rt is not None and self.pool_rt.uses_baseline:
             probs = [self.source.problems[rounds[ri].idx[b]] for ri, b in rows]
             base, valid, pm = self.pool_rt.baseline(
@@ -191,58 +191,13 @@ class CodegenRollout:
         t0 = time.perf_counter()
         out = self.sampler.generate(params, prompt, pmask, key)
         n_rep = 0 if replayed is None else int(replayed["problem"].shape[0])
-        if n_rep:  # the G-th member of the last n_rep groups is the stored success (on the device)
-            at = (slice(self.B - n_rep, None), self.G - 1)
-            out = SampleOutput(
-                tokens=out.tokens.at[at].set(replayed["tokens"]),
-                logp=out.logp.at[at].set(replayed["logp"]),
-                mask=out.mask.at[at].set(replayed["mask"]),
-                lengths=out.lengths.at[at].set(replayed["mask"].sum(-1).astype(jnp.int32)),
-                truncated=out.truncated.at[at].set(replayed["truncated"]),
-            )
+        if n_rep:
+            out = splice_replayed(out, replayed, n_rep)
         tokens, mask = self.ctx.host((out.tokens, out.mask))  # tokens out (every process: all rows)
         t1 = time.perf_counter()
         grades = self.grader.grade(probs, tokens, mask)
         replayed_rows = np.arange(self.B) >= self.B - n_rep
         return Round(np.asarray(idx), prompt, pmask, out, grades, replayed_rows, int(mask.sum()), t1 - t0)
-
-    def assemble(self, rounds: list[Round], m: dict) -> tuple[RolloutBatch, list[tuple[int, int]]]:
-        """The batch: round 0 as it is, or (dynamic sampling) the kept groups of every round first, then
-        round 0's all-equal groups as masked filler. Device arrays are gathered by row on the device."""
-        B, G = self.B, self.G
-        group_mask = np.ones((B, G), np.float32)
-        rows = [(0, b) for b in range(B)]
-        if self.rounds:
-            rows = [(ri, b) for ri, x in enumerate(rounds) for b in np.flatnonzero(kept(x.grades.rewards))][
-                :B
-            ]
-            n_kept = len(rows)
-            rows += [(0, b) for b in np.flatnonzero(~kept(rounds[0].grades.rewards))][: B - n_kept]
-            group_mask = np.repeat((np.arange(B) < n_kept)[:, None], G, axis=1).astype(np.float32)
-            m["dynamic/rounds"] = float(len(rounds) - 1)
-            m["dynamic/kept_groups"] = float(n_kept)
-
-        def pick(name):
-            return np.stack([getattr(rounds[ri].grades, name)[b] for ri, b in rows])
-
-        dev = {"prompt": [x.prompt for x in rounds], "pmask": [x.pmask for x in rounds]}
-        dev.update({f: [getattr(x.out, f) for x in rounds] for f in SampleOutput._fields})
-        if len(rounds) == 1 and rows == [(0, b) for b in range(B)]:
-            dev = {k: v[0] for k, v in dev.items()}
-        else:
-            flat = jnp.asarray([ri * B + b for ri, b in rows], jnp.int32)
-            dev = {k: jnp.concatenate(v)[flat] for k, v in dev.items()}
-        out = SampleOutput(*(dev[f] for f in SampleOutput._fields))
-        batch = batch_from_samples(
-            dev["prompt"],
-            dev["pmask"],
-            out,
-            pick("rewards"),
-            group_mask=group_mask,
-            test_rewards=pick("tests"),
-            test_mask=pick("test_mask"),
-        )
-        return batch, rows
 
     def sample_row(self, x: Round, b: int) -> dict:
         g = x.grades
@@ -252,6 +207,58 @@ class CodegenRollout:
             "status": g.verdicts[b * self.G].status.value,
             "reward": float(g.rewards[b, 0]),
         }
+
+
+def splice_replayed(out: SampleOutput, replayed: dict, n_rep: int) -> SampleOutput:
+    """The G-th member of the last n_rep groups replaced (on the device) by the stored success with its
+    stored behaviour log-probs."""
+    at = (slice(out.tokens.shape[0] - n_rep, None), out.tokens.shape[1] - 1)
+    return SampleOutput(
+        tokens=out.tokens.at[at].set(replayed["tokens"]),
+        logp=out.logp.at[at].set(replayed["logp"]),
+        mask=out.mask.at[at].set(replayed["mask"]),
+        lengths=out.lengths.at[at].set(replayed["mask"].sum(-1).astype(jnp.int32)),
+        truncated=out.truncated.at[at].set(replayed["truncated"]),
+    )
+
+
+def assemble(
+    rounds: list[Round], B: int, G: int, *, dynamic: bool, m: dict
+) -> tuple[RolloutBatch, list[tuple[int, int]]]:
+    """The batch and its (round, row) sources: round 0 as it is, or (dynamic sampling) the kept groups of
+    every round first, then round 0's all-equal groups as masked filler. Device arrays are gathered by row on
+    the device; the dynamic-sampling counts go to `m`."""
+    group_mask = np.ones((B, G), np.float32)
+    rows = [(0, b) for b in range(B)]
+    if dynamic:
+        rows = [(ri, b) for ri, x in enumerate(rounds) for b in np.flatnonzero(kept(x.grades.rewards))][:B]
+        n_kept = len(rows)
+        rows += [(0, b) for b in np.flatnonzero(~kept(rounds[0].grades.rewards))][: B - n_kept]
+        group_mask = np.repeat((np.arange(B) < n_kept)[:, None], G, axis=1).astype(np.float32)
+        m["dynamic/rounds"] = float(len(rounds) - 1)
+        m["dynamic/kept_groups"] = float(n_kept)
+
+    def pick(name):
+        return np.stack([getattr(rounds[ri].grades, name)[b] for ri, b in rows])
+
+    dev = {"prompt": [x.prompt for x in rounds], "pmask": [x.pmask for x in rounds]}
+    dev.update({f: [getattr(x.out, f) for x in rounds] for f in SampleOutput._fields})
+    if len(rounds) == 1 and rows == [(0, b) for b in range(B)]:
+        dev = {k: v[0] for k, v in dev.items()}
+    else:
+        flat = jnp.asarray([ri * B + b for ri, b in rows], jnp.int32)
+        dev = {k: jnp.concatenate(v)[flat] for k, v in dev.items()}
+    out = SampleOutput(*(dev[f] for f in SampleOutput._fields))
+    batch = batch_from_samples(
+        dev["prompt"],
+        dev["pmask"],
+        out,
+        pick("rewards"),
+        group_mask=group_mask,
+        test_rewards=pick("tests"),
+        test_mask=pick("test_mask"),
+    )
+    return batch, rows
 
 
 def round_metrics(rounds: list[Round]) -> dict[str, float]:

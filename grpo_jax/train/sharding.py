@@ -160,7 +160,7 @@ def put(tree: Any, shardings: Any) -> Any:
         shardings = jax.tree.map(lambda _: shardings, tree)
 
     def one(x, sh):
-        if x is None:
+        if x is None:  # an absent leaf (e.g. no LoRA base) stays absent whatever its sharding says
             return None
         if isinstance(x, jax.Array) and x.sharding == sh:
             return x
@@ -169,7 +169,7 @@ def put(tree: Any, shardings: Any) -> Any:
         a = np.asarray(x)
         return jax.make_array_from_callback(a.shape, sh, lambda idx: a[idx])
 
-    return jax.tree.map(one, tree, shardings)
+    return jax.tree.map(one, tree, shardings, is_leaf=lambda x: x is None)
 
 
 def owned_rows(n_rows: int, sharding: NamedSharding) -> np.ndarray:

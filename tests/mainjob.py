@@ -1,0 +1,49 @@
+"""The main job in-process for the tests: `experiments.codegen`'s flag handling (grpo_jax.cli.resolve) and its
+run (grpo_jax.train.loop.run) without a new interpreter, so a short run costs its compilation only (the
+persistent compilation cache is on, as in the main job). What only a process shows — the exit status and the
+one error line, a SIGKILL and its resume, several processes — stays with subprocess tests of the real
+`python -m experiments.codegen` (one per contract)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from grpo_jax import cli
+from grpo_jax.train import compile_cache, loop
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = "--flagfile=experiments/flagfiles/tiny_test.flags"
+_CACHE = []
+
+
+def config(*args, workdir):
+    """(RunConfig, notes) of a command line of the main job."""
+    return cli.resolve(["codegen", *args, f"--workdir={workdir}"])
+
+
+def run(*args, workdir, executor) -> tuple[dict, str]:
+    """(results, everything the run printed) of the main job with these flags, in this process."""
+    if not _CACHE:  # as the main job does, before the first compilation
+        _CACHE.append(compile_cache.enable("", min_compile_s=0.0))
+    cfg, notes = config(*args, workdir=workdir)
+    lines: list[str] = []
+    results = loop.run(cfg, executor, print_fn=lines.append, notes=notes)
+    return results, "\n".join(lines)
+
+
+def metrics(workdir) -> dict[int, dict]:
+    """{step: the train-step line of metrics.jsonl}."""
+    rows = [json.loads(x) for x in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    return {x["step"]: x for x in rows if "reward" in x}
+
+
+def command(*args) -> list[str]:
+    return [sys.executable, "-m", "experiments.codegen", *args]
+
+
+def subprocess_run(*args, timeout=600):
+    """The real main job in a new process (for what only a process shows)."""
+    return subprocess.run(command(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)

@@ -1,0 +1,72 @@
+"""The main job's phases called one by one (grpo_jax.train.loop: setup, warm_start, rl_step, evaluate,
+finish), each checked for what it hands to the next: the state's step, the checkpoints on disk, the logged
+lines, the per-problem counts, the results. The whole run through `loop.run` is tests/test_codegen_e2e.py."""
+
+import json
+
+import jax
+import mainjob
+import numpy as np
+import pytest
+
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.sandbox.types import Limits
+from grpo_jax.train import loop
+from grpo_jax.train.export import params_digest
+from grpo_jax.train.logging import Progress
+
+FLAGS = (mainjob.TINY, "--steps=2", "--checkpoint_every=0", "--eval_samples=0", "--eval_ks=")
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as e:
+        yield e
+
+
+def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex):
+    wd = tmp_path / "run"
+    cfg, notes = mainjob.config(*FLAGS, workdir=wd)
+    lines: list[str] = []
+    run, state, step = loop.setup(cfg, ex, lines.append, notes)
+    try:
+        assert state is None and step == 0  # a fresh workdir: nothing to restore
+        assert json.loads((wd / "run.json").read_text())["config"]["steps"] == 2
+
+        state = loop.warm_start(run)
+        assert int(state.train.step) == 0 and run.ckpt.latest_step() == 0  # checkpoint 0 is on disk
+        assert 0.0 <= run.results["sft"]["pass@1"] <= 1.0 and any("[eval after SFT]" in x for x in lines)
+        before = params_digest(jax.device_get(state.train.params))
+
+        progress = Progress(cfg.steps, start_step=0, print_fn=run.print)
+        state = loop.rl_step(run, state, 0, progress)
+        assert int(state.train.step) == 1
+        assert params_digest(jax.device_get(state.train.params)) != before  # the update moved the policy
+        stats = jax.device_get(state.rollout.stats)  # every sampled completion is counted once
+        assert int(np.sum(stats.attempts)) == cfg.rollout.prompts_per_step * cfg.rollout.group_size
+        assert run.ckpt.latest_step() == 0  # rl_step itself never saves
+        logged = mainjob.metrics(wd)
+        assert sorted(logged) == [1] and 0.0 <= logged[1]["reward"] <= 1.0
+
+        ev = loop.evaluate(run, state, 1, "phase test")
+        assert 0.0 <= ev["pass@1"] <= 1.0 and ev["seconds"] > 0
+        assert any("[eval phase test]" in x for x in lines)
+
+        results = loop.finish(run, state, 1)
+        final = params_digest(jax.device_get(state.train.params))
+        assert results["steps"] == 1 and results["final_params_sha256"] == final
+        assert results["grpo_eval_step"] == 1 and run.ckpt.latest_step() == 1  # finish saves its step
+        assert json.loads((wd / "results.json").read_text())["final_params_sha256"] == final
+        assert results["train_problems"]["n_problems_seen"] >= 1
+    finally:
+        run.close()
+
+    # the same workdir again: setup restores finish's checkpoint, and train runs the remaining step only
+    run, state, step = loop.setup(cfg, ex, lines.append, notes)
+    try:
+        assert step == 1 and params_digest(jax.device_get(state.train.params)) == final
+        state, step, interrupted = loop.train(run, state, step)
+        assert (step, interrupted, int(state.train.step)) == (2, False, 2)
+        assert sorted(mainjob.metrics(wd)) == [1, 2]  # step 1 kept, step 2 appended
+    finally:
+        run.close()
