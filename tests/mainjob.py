@@ -12,11 +12,18 @@ import sys
 from pathlib import Path
 
 from grpo_jax import cli
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.sandbox.types import Limits
 from grpo_jax.train import compile_cache, loop
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "--flagfile=experiments/flagfiles/tiny_test.flags"
 _CACHE = []
+
+
+def executor() -> Executor:
+    """The sandbox of a TINY run (--sandbox_workers=2 --sandbox_wall_s=2); use it as a context."""
+    return Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2))
 
 
 def config(*args, workdir):

@@ -18,8 +18,6 @@ import mainjob
 import pytest
 
 from grpo_jax import cli
-from grpo_jax.sandbox.executor import Executor
-from grpo_jax.sandbox.types import Limits
 from grpo_jax.train.build import RunConfigError, build
 from grpo_jax.train.logging import read_events
 from grpo_jax.train.loop import setup
@@ -30,7 +28,7 @@ TINY = mainjob.TINY
 
 @pytest.fixture(scope="module")
 def ex():
-    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as e:
+    with mainjob.executor() as e:
         yield e
 
 

@@ -92,11 +92,8 @@ def runs(tmp_path_factory):
     in one process (the real main job)."""
     import mainjob
 
-    from grpo_jax.sandbox.executor import Executor
-    from grpo_jax.sandbox.types import Limits
-
     base = tmp_path_factory.mktemp("dist")
-    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as ex:
+    with mainjob.executor() as ex:
         mainjob.run(FLAGS, workdir=base / "1x1", executor=ex)
     wd = base / "1x4"
     # the tensor mesh with the chunked LM head (policies/logp.py), which then runs sharded too

@@ -9,8 +9,6 @@ import mainjob
 import numpy as np
 import pytest
 
-from grpo_jax.sandbox.executor import Executor
-from grpo_jax.sandbox.types import Limits
 from grpo_jax.train import loop
 from grpo_jax.train.export import params_digest
 from grpo_jax.train.logging import Progress
@@ -20,7 +18,7 @@ FLAGS = (mainjob.TINY, "--steps=2", "--checkpoint_every=0", "--eval_samples=0", 
 
 @pytest.fixture(scope="module")
 def ex():
-    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as e:
+    with mainjob.executor() as e:
         yield e
 
 

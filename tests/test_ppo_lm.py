@@ -261,14 +261,11 @@ def test_main_job_with_ppo_logs_the_critic_and_resumes(tmp_path):
     (--steps=0, no value head there), as the sweep's PPO arms do: the policy is taken, the critic added."""
     import mainjob
 
-    from grpo_jax.sandbox.executor import Executor
-    from grpo_jax.sandbox.types import Limits
-
     eval_args = ("--eval_samples=0", "--eval_ks=")  # greedy pass@1 only: evaluation is not under test here
     warm, wd = tmp_path / "warm", tmp_path / "run"
     args = ("--algorithm=ppo", "--kl_coef=0.05", "--checkpoint_every=1", "--steps=3", *eval_args)
     args += (f"--sft_from={warm}",)
-    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as ex:
+    with mainjob.executor() as ex:
         mainjob.run(mainjob.TINY, "--steps=0", *eval_args, workdir=warm, executor=ex)
         first, out = mainjob.run(mainjob.TINY, *args, workdir=wd, executor=ex)
         assert "PPO: the critic is a value head on the policy's trunk (33 parameters" in out
