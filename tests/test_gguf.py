@@ -342,3 +342,73 @@ def test_errors_name_the_field(tmp_path):
         load_gguf(junk)
     with pytest.raises(FileNotFoundError, match="nope.gguf"):
         load_gguf(tmp_path / "nope.gguf")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# our GGUF container parser (grpo_jax.tokenization.gguf_file) against the gguf package's GGUFReader
+
+
+def test_reader_matches_gguf_package(tmp_path):
+    from gguf import GGMLQuantizationType, quants
+
+    from grpo_jax.tokenization.gguf_file import read_gguf
+
+    cfg = _tiny_cfg("qwen2")
+    params = _tiny_params(cfg)
+    q8 = quants.quantize(
+        np.linspace(-1, 1, 64 * 3, dtype=np.float32).reshape(3, 64), GGMLQuantizationType.Q8_0
+    )
+    path = tmp_path / "m.gguf"
+    w = gguf.GGUFWriter(str(path), "qwen2")
+    w.add_block_count(2)
+    w.add_float32("t.f32", 0.1)
+    w.add_float64("t.f64", 0.1)
+    w.add_bool("t.bool", True)
+    w.add_int8("t.i8", -3)
+    w.add_uint64("t.u64", 2**40 + 7)
+    w.add_string("t.str", "héllo ✓")
+    w.add_array("t.ints", [1, -2, 3])
+    w.add_array("t.floats", [0.5, 0.25])
+    w.add_array("t.bools", [True, False])
+    w.add_token_list(["a", "b c", "ü"])
+    w.add_tensor("f32", params["embed"])
+    w.add_tensor("f16", params["final_norm"].astype(np.float16))
+    w.add_tensor("q8", q8, raw_shape=q8.shape, raw_dtype=GGMLQuantizationType.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    ours, theirs = read_gguf(path), gguf.GGUFReader(path)
+    keys = [k for k in theirs.fields if not k.startswith("GGUF.")]
+    assert list(ours.fields) == keys
+    for k in keys:
+        want = theirs.fields[k].contents()
+        assert ours.fields[k] == want and type(ours.fields[k]) is type(want), k
+    assert ours.fields["t.f32"] == float(np.float32(0.1)) and ours.fields["t.f64"] == 0.1
+    assert ours.fields["t.u64"] == 2**40 + 7 and ours.fields["tokenizer.ggml.tokens"] == ["a", "b c", "ü"]
+    assert [t.name for t in ours.tensors] == ["f32", "f16", "q8"]
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, a.shape) == (b.name, b.tensor_type, tuple(b.shape.tolist()))
+        assert a.data.dtype == b.data.dtype and a.data.shape == b.data.shape
+        np.testing.assert_array_equal(a.data, b.data)
+        np.testing.assert_array_equal(
+            quants.dequantize(a.data, a.tensor_type), quants.dequantize(b.data, b.tensor_type)
+        )
+    assert ours.tensors[2].data.shape == (3, 68)  # Q8_0: 2 blocks of 32 per row, 34 bytes each
+
+    # truncated inside the tensor data, inside the metadata, and right after the magic: one line each
+    blob = path.read_bytes()
+    for cut, msg in (
+        (ours.data_offset + 8, r"tensor 'f32' needs bytes .* \(truncated\)"),
+        (200, r"ends inside"),
+        (30, r"ends inside"),
+    ):
+        bad = tmp_path / f"cut{cut}.gguf"
+        bad.write_bytes(blob[:cut])
+        with pytest.raises(ValueError, match=rf"cut{cut}\.gguf: .*{msg}"):
+            read_gguf(bad)
+    bad = tmp_path / "v9.gguf"
+    bad.write_bytes(blob[:4] + (9).to_bytes(4, "little") + blob[8:])
+    with pytest.raises(ValueError, match=r"GGUF version 9 is not supported \(valid: 2, 3"):
+        read_gguf(bad)

@@ -137,10 +137,10 @@ def read_config(reader, path: str, dtype: str = "float32") -> TransformerConfig:
         raise _fail(path, "tensor 'token_embd.weight' is missing")
     vocab_size = int(embd.shape[1])  # ne = [D, V]
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None and len(tokens.data) > vocab_size:
+    if tokens is not None and len(tokens) > vocab_size:
         raise _fail(
             path,
-            f"tokenizer.ggml.tokens has {len(tokens.data)} tokens but token_embd.weight has only "
+            f"tokenizer.ggml.tokens has {len(tokens)} tokens but token_embd.weight has only "
             f"{vocab_size} rows "
             "(valid: tokens <= embedding rows)",
         )
