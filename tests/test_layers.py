@@ -313,6 +313,7 @@ def test_problem_reexports_the_sandbox_testcase():
         "wrap",
         "expected_expr",
         "prelude",
+        "stdin",
     ]
 
 

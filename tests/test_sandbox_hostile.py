@@ -171,7 +171,7 @@ def test_corpus_verdicts_and_host_unharmed(env):
         env["marker"],
     ):
         assert not os.path.exists(p), p
-    assert isolation.sandbox_uid_pids() == []
+    assert isolation.stray_sandbox_pids(ex.uids) == []
     with pytest.raises(socket.timeout):
         env["listener"].accept()
     # the parent and the executor still work after all that
@@ -235,7 +235,7 @@ def test_soak_shuffled_mixed(env):
         assert not wrong, wrong
     assert len(os.listdir("/proc/self/fd")) <= fds0 + 2
     assert Path("/proc/self/mountinfo").read_text() == mounts0
-    assert isolation.sandbox_uid_pids() == []
+    assert isolation.stray_sandbox_pids(ex.uids) == []
 
 
 def _cli(problems: Path, samples: Path, out: Path) -> dict:
@@ -315,5 +315,28 @@ def test_corpus_through_the_evaluator_cli(env, tmp_path):
         assert not bad, "\n".join(bad)
         want = "parent" if fmt == "mbpp" else "child"
         assert {r["grading"] for r in res} == {want} and summary["grading"] == {want: len(res)}
-    assert isolation.sandbox_uid_pids() == []
+    assert isolation.stray_sandbox_pids() == []  # the CLI's executor is gone: none of its uids is held
     assert env["sentinel"].read_text() == "intact"
+
+
+def test_a_process_left_with_a_free_sandbox_uid_is_a_stray_and_a_held_one_is_not():
+    """The leftover-process check of the tests above: a process of a sandbox uid that no live executor holds
+    is a stray; one of a uid leased by a live executor (another test's programs running) is not, unless the
+    caller names that uid as its own."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (setuid to a sandbox uid)")
+    lease = isolation.UidLease()
+    held = lease.acquire()
+    spare = isolation.UID_BASE + isolation.UID_COUNT - 1  # leases go lowest first: nobody holds the last
+    assert not isolation.uid_leased(spare)
+    procs = [subprocess.Popen(["sleep", "30"], user=uid) for uid in (held, spare)]
+    try:
+        time.sleep(0.2)
+        strays = isolation.stray_sandbox_pids()
+        assert procs[1].pid in strays and procs[0].pid not in strays
+        assert procs[0].pid in isolation.stray_sandbox_pids(own_uids=(held,))
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        lease.release_all()

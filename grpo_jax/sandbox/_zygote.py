@@ -16,6 +16,11 @@ fds it got as stdin (requests) and stdout (responses). Namespace modes ("root", 
                       check text (fd 4); P runs the program and answers C's calls with plain data, C runs
                       the check. P has no result fd, never holds the check, and cannot read C (not dumpable).
 
+A stdin/stdout test ("stdio" request, one per test) is the same C with fd 0 = a sealed memfd holding that
+test's input (read from the request pipe after the frame, through a fixed buffer that is zeroed, never a
+Python object here), fd 1 = its own stdout pipe (returned in full, up to the output cap, as a 4th response
+part) and fd 2 = the output pipe; the harness runs the program as `__main__` as `python3 prog.py` would.
+
 In the "rlimits" mode there are no namespaces: the zygote forks C directly (new session, temporary work dir),
 and the tree kill is best effort (process group + session sweep).
 
@@ -98,6 +103,8 @@ RESULT_FD = 3
 CHECK_FD = 4  # C: the check text (read once P is forked); P: the checker's requests
 MAX_CHECK = 1 << 20
 CHECK_BUF = bytearray(MAX_CHECK)  # the check text passes through here only, and is zeroed after use
+MAX_STDIN = 1 << 30  # framing sanity bound; the executor enforces Limits.stdin_bytes
+STDIN_BUF = bytearray(1 << 20)  # a stdio test's input passes through here into its memfd, then is zeroed
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -370,10 +377,108 @@ def _short(e):
 
 def harness(req):
     """Run setup + program, then each test call independently; with a child check, split into the program's
-    process and the checker first (`_checker`). Never returns."""
+    process and the checker first (`_checker`); a stdio request runs the program as a script (`_stdio_side`).
+    Never returns."""
+    if req.get("stdio"):
+        _stdio_side(req)
     if req.get("check_len"):
         _checker(req)
     _program_side(req, serve=False)
+
+
+class _Quitter:
+    """`exit` / `quit` as `site` defines them (the sandbox's interpreter runs with -S: no site)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return f"Use {self.name}() or Ctrl-D (i.e. EOF) to exit"
+
+    def __call__(self, code=None):
+        try:  # site.Quitter closes stdin first
+            sys.stdin.close()
+        except _BaseException:
+            pass
+        raise SystemExit(code)
+
+
+def _exit_status(e):
+    """The exit status `python3 prog.py` gives a SystemExit (pythonrun.c handle_system_exit): None -> 0, an
+    int -> that int (the OS keeps its low 8 bits), anything else is printed to stderr -> 1."""
+    code = e.code
+    if code is None:
+        return 0
+    if _isinstance(code, int):
+        try:
+            return int.__index__(code) & 0xFF
+        except _BaseException:
+            return 1
+    try:
+        sys.stderr.write(_str(code) + "\n")
+    except _BaseException:
+        pass
+    return 1
+
+
+def _stdio_side(req):
+    """A stdin/stdout test: the program as `__main__` reading fd 0 (its own test's input only) and writing fd
+    1, ended the way the interpreter ends a script: SystemExit -> its status, an uncaught exception -> its
+    traceback on stderr and status 1, then non-daemon threads are joined, atexit handlers run and the
+    standard streams flushed (threading._shutdown, atexit, flush_std_files in Py_FinalizeEx). The exit
+    status is the verdict's input, read by the zygote (never a record); records only say "syntax", "start"
+    and the uncaught exception's type. Never returns."""
+    out, err = sys.stdout, sys.stderr
+    rc = 1
+    try:
+        import atexit
+        import builtins
+
+        builtins.exit = _Quitter("exit")
+        builtins.quit = _Quitter("quit")
+        mod = _ModuleType("__main__")
+        mod.__dict__["__builtins__"] = builtins
+        _sys_modules["__main__"] = mod
+        sys.argv = ["solution.py"]
+        try:
+            code = _compile(req["program"], "solution.py", "exec")
+        except _BaseException as e:
+            et, msg = _short(e)
+            _emit({"k": "syntax", "exc": et, "msg": msg})
+            _flush_exit(0)
+        _emit({"k": "start"})
+        try:
+            _exec(code, mod.__dict__)
+            rc = 0
+        except SystemExit as e:
+            rc = _exit_status(e)
+        except _BaseException as e:
+            et, msg = _short(e)
+            _emit({"k": "exc", "exc": et, "msg": msg})
+            rc = 1
+            try:  # the traceback python3 prints, from the program's frames (not this harness's)
+                tb = e.__traceback__
+                traceback.print_exception(_type(e), e, tb.tb_next if tb is not None else None, file=err)
+            except _BaseException:
+                pass
+        try:  # as Py_FinalizeEx's wait_for_thread_shutdown: only if the program's threading is imported
+            th = _sys_modules.get("threading")
+            if th is not None:
+                th._shutdown()
+        except _BaseException:
+            pass
+        try:
+            atexit._run_exitfuncs()
+        except _BaseException:
+            pass
+        for s in (sys.stdout, sys.stderr, out, err):
+            try:
+                s.flush()
+            except _BaseException:
+                rc = rc or 120  # Py_FinalizeEx: a failed flush of stdout gives 120
+    except _BaseException:
+        pass
+    _exit(rc)
 
 
 def _program_side(req, serve):
@@ -405,11 +510,14 @@ def _program_side(req, serve):
             _emit({"k": "prog_err", "exc": et, "msg": msg})
             _flush_exit(0)
         _emit({"k": "start"})
+        stop = req.get("stop") is True  # Job.stop_on_failure: no call after the first one that fails here
         for i, c in _enumerate(calls):
             t0 = _perf()
             if _isinstance(c, _BaseException):
                 et, msg = _short(c)
                 _emit({"k": "t", "i": i, "exc": et, "msg": msg, "s": 0.0})
+                if stop:
+                    break
                 continue
             try:
                 v = _eval(c, g)
@@ -419,12 +527,16 @@ def _program_side(req, serve):
                 except _BaseException as e:
                     et, msg = _short(e)
                     _emit({"k": "t", "i": i, "bad": msg, "s": dt})
+                    if stop:
+                        break
                     continue
                 _emit({"k": "t", "i": i, "v": tagged, "s": dt})
             except _BaseException as e:
                 dt = _perf() - t0
                 et, msg = _short(e)
                 _emit({"k": "t", "i": i, "exc": et, "msg": msg, "s": dt})
+                if stop:
+                    break
         if serve:
             _serve(g)
         _emit({"k": "done"})
@@ -770,16 +882,20 @@ def _drop_caps():
     _check(_libc.syscall(126, ctypes.byref(hdr), ctypes.byref(data)), "capset")  # SYS_capset
 
 
-def child_c3(req, cfg, out_w, res_w, workdir, check_r=None):
-    """The program's process. Ends in harness(), never returns."""
+def child_c3(req, cfg, out_w, res_w, workdir, check_r=None, stdin_fd=None, stdout_w=None):
+    """The program's process. Ends in harness(), never returns. A stdio test: fd 0 is its input (`stdin_fd`,
+    a sealed memfd), fd 1 its own stdout pipe (`stdout_w`), fd 2 the output pipe."""
     try:
         mode = cfg["mode"]
         lim = req["limits"]
         if mode == "rlimits":
             os.setsid()
-        fdnull = os.open("/dev/null", os.O_RDONLY)
-        os.dup2(fdnull, 0)
-        os.dup2(out_w, 1)
+        if stdin_fd is not None:
+            os.dup2(stdin_fd, 0)
+            os.lseek(0, 0, os.SEEK_SET)
+        else:
+            os.dup2(os.open("/dev/null", os.O_RDONLY), 0)
+        os.dup2(stdout_w if stdout_w is not None else out_w, 1)
         os.dup2(out_w, 2)
         os.dup2(res_w, RESULT_FD)
         if check_r is not None:
@@ -813,9 +929,20 @@ def child_c3(req, cfg, out_w, res_w, workdir, check_r=None):
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
         os.umask(0o077)
-        sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
-        sys.stdin = open(0, encoding="utf-8", closefd=False)
+        if req.get("stdio"):  # the standard streams of `python3 prog.py` on POSIX with pipes (pylifecycle.c)
+            sys.stdin = sys.__stdin__ = open(
+                0, encoding="utf-8", errors="surrogateescape", newline="\n", closefd=False
+            )
+            sys.stdout = sys.__stdout__ = open(
+                1, "w", encoding="utf-8", errors="surrogateescape", newline="\n", closefd=False
+            )
+            sys.stderr = sys.__stderr__ = open(  # stderr is line-buffered (buffering=1)
+                2, "w", 1, encoding="utf-8", errors="backslashreplace", newline="\n", closefd=False
+            )
+        else:
+            sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)
+            sys.stdin = open(0, encoding="utf-8", closefd=False)
     except BaseException as e:
         try:
             os.write(res_w, (json.dumps({"k": "setup_err", "msg": repr(e)[:300]}) + "\n").encode())
@@ -946,7 +1073,12 @@ def _check_pipe(n):
     return r
 
 
-def run_job(req, cfg, req_fd):
+def run_job(req, cfg, req_fd, stdin_fd=None):
+    """Run one request in a fresh child; (info, parts, memfds): the response parts (result records, output
+    excerpt, and for a stdio request its whole stdout) as `_send` segments of memfds, and the memfds to close
+    once sent. What the child writes is spliced from its pipes into those memfds and sent with sendfile: it
+    never enters this process's memory, so no later child (a fork of this process) can find an earlier
+    program's results or output in it (an earlier candidate's answers, another test's output)."""
     lim = req["limits"]
     mode = cfg["mode"]
     ns = mode != "rlimits"
@@ -962,19 +1094,27 @@ def run_job(req, cfg, req_fd):
     check_r = _check_pipe(int(req["check_len"])) if req.get("check_len") else None
     res_r, res_w = os.pipe()
     out_r, out_w = os.pipe()
+    so_r, so_w = os.pipe() if req.get("stdio") else (None, None)
     pid = os.fork()
     if pid == 0:
         os.close(res_r)
         os.close(out_r)
-        child_c3(req, cfg, out_w, res_w, workdir, check_r)
+        if so_r is not None:
+            os.close(so_r)
+        child_c3(req, cfg, out_w, res_w, workdir, check_r, stdin_fd, so_w)
     os.close(res_w)
     os.close(out_w)
+    if so_w is not None:
+        os.close(so_w)
     if check_r is not None:
         os.close(check_r)
     pidfd = os.pidfd_open(pid)
-    res_buf, out_head, out_tail = bytearray(), bytearray(), bytearray()
-    out_total = 0
-    open_fds = {res_r, out_r}
+    sink = {fd: os.memfd_create(name, os.MFD_CLOEXEC) for fd, name in ((res_r, "result"), (out_r, "output"))}
+    if so_r is not None:
+        sink[so_r] = os.memfd_create("stdout", os.MFD_CLOEXEC)
+    size = dict.fromkeys(sink, 0)
+    out_total = 0  # stdout + stderr, against the output cap
+    open_fds = set(sink)
     exited = False
     killed = False
     status = None
@@ -995,26 +1135,26 @@ def run_job(req, cfg, req_fd):
                 except OSError:
                     pass
 
-    def take(fd, chunk):
+    def take(fd):
+        """Splice what the pipe holds into its memfd (at most one byte beyond the cap, to see an overflow).
+        (bytes moved, within the caps)."""
         nonlocal out_total
+        room = res_cap - size[fd] if fd == res_r else out_cap - out_total
+        try:
+            n = os.splice(fd, sink[fd], max(1, min(1 << 20, room + 1)))
+        except OSError:
+            return 0, True
+        size[fd] += n
         if fd == res_r:
-            room = res_cap - len(res_buf)
-            if len(chunk) > room:
+            if size[fd] > res_cap:
                 info["result_limit"] = True
-                res_buf.extend(chunk[: max(0, room)])
-                return False
-            res_buf.extend(chunk)
-            return True
-        out_total += len(chunk)
-        if len(out_head) < 2048:
-            out_head.extend(chunk[: 2048 - len(out_head)])
-        out_tail.extend(chunk)
-        if len(out_tail) > 4096:
-            del out_tail[:-2048]
+                return n, False
+            return n, True
+        out_total += n
         if out_total > out_cap:
             info["output_limit"] = True
-            return False
-        return True
+            return n, False
+        return n, True
 
     watch_req = True
     drain_until = None
@@ -1058,14 +1198,11 @@ def run_job(req, cfg, req_fd):
                         kill_tree()
                 drain_until = time.monotonic() + 2.0
             else:
-                try:
-                    chunk = os.read(fd, 65536)
-                except OSError:
-                    chunk = b""
-                if not chunk:
+                n, ok = take(fd)
+                if not n:
                     open_fds.discard(fd)
                     os.close(fd)
-                elif not take(fd, chunk) and not killed:
+                elif not ok and not killed:
                     kill_tree()
     for fd in open_fds:
         os.close(fd)
@@ -1099,10 +1236,15 @@ def run_job(req, cfg, req_fd):
         _rmtree(workdir)
     info["secs"] = time.monotonic() - t0
     info["out_total"] = out_total
-    out = bytes(out_head)
-    if out_total > len(out_head):
-        out += b"\n...\n" + bytes(out_tail[-2048:])
-    return info, bytes(res_buf), out
+    res = [(sink[res_r], 0, min(size[res_r], res_cap))]
+    n_err = size[out_r]  # the output excerpt: the first and the last 2 KiB
+    out = [(sink[out_r], 0, min(n_err, 2048))]
+    if n_err > 2048:
+        out += [b"\n...\n", (sink[out_r], n_err - 2048, 2048)]
+    parts = [res, out]
+    if so_r is not None:
+        parts.append([(sink[so_r], 0, min(size[so_r], out_cap))])
+    return info, parts, list(sink.values())
 
 
 def _rmtree(path):
@@ -1132,6 +1274,32 @@ def _read_exact(fd, n):
     return bytes(buf)
 
 
+def _read_stdin(fd, n):
+    """A stdio test's input that follows a request, into a sealed memfd (through STDIN_BUF, zeroed after;
+    never a bytes or str object here), or None if the executor's pipe ended."""
+    mfd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+    view = memoryview(STDIN_BUF)
+    got = 0
+    try:
+        while got < n:
+            k = os.readv(fd, [view[: min(n - got, len(view))]])
+            if k == 0:
+                os.close(mfd)
+                return None
+            off = 0
+            while off < k:
+                off += os.write(mfd, view[off:k])
+            got += k
+    finally:
+        view.release()
+        m = min(n, len(STDIN_BUF))
+        STDIN_BUF[:m] = bytes(m)
+    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+    fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, seals)  # the program cannot change its input, even for itself
+    os.lseek(mfd, 0, os.SEEK_SET)
+    return mfd
+
+
 def _read_check(fd, n):
     """The check text that follows a request, into CHECK_BUF (never a bytes or str object here)."""
     view = memoryview(CHECK_BUF)
@@ -1146,14 +1314,31 @@ def _read_check(fd, n):
 
 
 def _send(fd, header, *blobs):
+    """A response: the header, then each blob with its length. A blob is bytes, or a list of segments: bytes
+    or (fd, offset, count) of a memfd, sent with sendfile (the child's bytes never pass through here)."""
     h = json.dumps(header).encode()
-    parts = [struct.pack("!I", len(h)), h]
+    _write_all(fd, struct.pack("!I", len(h)) + h)
     for b in blobs:
-        parts += [struct.pack("!I", len(b)), b]
-    data = b"".join(parts)
-    while data:
-        n = os.write(fd, data)
-        data = data[n:]
+        segs = [b] if _isinstance(b, bytes) else b
+        total = sum(_len(x) if _isinstance(x, bytes) else x[2] for x in segs)
+        _write_all(fd, struct.pack("!I", total))
+        for x in segs:
+            if _isinstance(x, bytes):
+                _write_all(fd, x)
+                continue
+            src, off, n = x
+            while n > 0:
+                k = os.sendfile(fd, src, off, n)
+                if k == 0:  # the memfd is shorter than announced: cannot happen; keep the framing
+                    _write_all(fd, bytes(n))
+                    break
+                off, n = off + k, n - k
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 SECCOMP = None
@@ -1237,12 +1422,29 @@ def main():
         n_check = int(req.get("check_len") or 0)
         if not 0 <= n_check <= MAX_CHECK or not _read_check(req_fd, n_check):
             break  # the executor broke the framing: end the slot (it restarts us)
+        stdin_fd = None
+        if req.get("stdio"):
+            n_in = int(req.get("stdin_len") or 0)
+            if not 0 <= n_in <= MAX_STDIN:
+                break
+            stdin_fd = _read_stdin(req_fd, n_in)
+            if stdin_fd is None:
+                break
+        memfds = []
         try:
-            info, res, out = run_job(req, cfg, req_fd)
+            info, parts, memfds = run_job(req, cfg, req_fd, stdin_fd)
         except Exception:
-            info, res, out = {"infra": "zygote: " + traceback.format_exc()[-400:]}, b"", b""
+            info = {"infra": "zygote: " + traceback.format_exc()[-400:]}
+            parts = [b"", b"", b""] if req.get("stdio") else [b"", b""]
+        finally:
+            if stdin_fd is not None:
+                os.close(stdin_fd)
         info["id"] = req.get("id")
-        _send(resp_fd, info, res, out)
+        try:
+            _send(resp_fd, info, *parts)
+        finally:
+            for m in memfds:
+                os.close(m)
     if os.getpid() == 1:
         _sweep_ns()
     os._exit(0)

@@ -8,7 +8,8 @@ Each slot is a zygote process started with ``subprocess.Popen`` of ``/usr/bin/py
 (fork+exec; this process is never forked without exec, so it is safe to use from a JAX trainer). The zygote
 forks one sandboxed child per program (see `_zygote.py` and `isolation.py`). The parent (this module) sends
 only the program and the test *calls*; the expected values never leave this process and the verdict is decided
-here from plain data (`grading.py`).
+here from plain data (`grading.py`). A stdin/stdout job (tests of kind "stdout") is one request per test:
+the program and that test's input go to the zygote, its standard output comes back and is compared here.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from collections.abc import Sequence
 
 from grpo_jax.sandbox import cgroups, grading, isolation
-from grpo_jax.sandbox.types import Job, Limits, Status, Verdict
+from grpo_jax.sandbox.types import Job, Limits, Status, TestResult, Verdict, is_stdio
 
 _HELLO_TIMEOUT_S = 30.0
 _RESPONSE_SLACK_S = 10.0  # a zygote that does not answer within wall + this is declared dead
@@ -153,6 +154,18 @@ class _Slot:
             raise _WorkerDied("response out of order")
         return info, res, out
 
+    def execute_stdio(self, req: dict, timeout: float, stdin: bytes) -> tuple[dict, bytes, bytes, bytes]:
+        """Run one stdin/stdout test: the input travels after the frame (the zygote streams it into a sealed
+        memfd, never a Python object of its own); (info, records, stderr excerpt, the whole stdout) back."""
+        self._next_id += 1
+        req = dict(req, id=self._next_id, check_len=0, stdio=True, stdin_len=len(stdin))
+        self._write(req, stdin)
+        hdr, res, out, stdout = self._read_frame(timeout, 4)
+        info = json.loads(hdr)
+        if info.get("id") != self._next_id:
+            raise _WorkerDied("response out of order")
+        return info, res, out, stdout
+
 
 MAX_CHECK_BYTES = 1 << 20  # the zygote's check buffer (_zygote.MAX_CHECK)
 
@@ -167,14 +180,31 @@ def _limits_dict(lim: Limits) -> dict:
     return d
 
 
+def _stdin_bytes(t: grading.TestCase) -> bytes:
+    s = t.stdin if t.stdin is not None else ""
+    return s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
+
+
+def _expected_key(t: grading.TestCase):
+    if t.kind == "stdout":  # the text, hashed (it may be megabytes)
+        e = (
+            t.expected
+            if isinstance(t.expected, bytes)
+            else str(t.expected).encode("utf-8", "surrogateescape")
+        )
+        return ["stdout", hashlib.sha256(e).hexdigest(), hashlib.sha256(_stdin_bytes(t)).hexdigest()]
+    return grading.tag(t.expected)
+
+
 def _job_key(job: Job, lim: Limits) -> str:
     payload = json.dumps(
         [
             job.program,
             job.setup_code,
             job.child_check,
-            [[t.call, grading.tag(t.expected), t.float_tol, t.kind, repr(t.wrap)] for t in job.tests],
+            [[t.call, _expected_key(t), t.float_tol, t.kind, repr(t.wrap)] for t in job.tests],
             dataclasses.asdict(lim),
+            job.stop_on_failure,
         ],
         ensure_ascii=True,
         sort_keys=True,
@@ -317,6 +347,11 @@ class Executor:
             pass
 
     # -------------------------------------------------------------------------------------------- reporting
+    @property
+    def uids(self) -> tuple[int, ...]:
+        """The per-slot sandbox uids this executor holds (root mode; empty otherwise)."""
+        return self._uids.uids
+
     def tier_report(self) -> dict:
         r = dict(self._report)
         r["num_workers"] = self.num_workers
@@ -356,6 +391,7 @@ class Executor:
             "infra_errors": c.get("status:infra_error", 0),
             "deadline_skipped": c.get("deadline_skipped", 0),
             "oracle_runs": c.get("oracle_runs", 0),
+            "stdio_test_runs": c.get("stdio_test_runs", 0),  # sandboxed runs of stdin/stdout tests
             "cgroup_oom_kills": c.get(
                 "cgroup_oom_kills", 0
             ),  # children that computed non-literal expected values
@@ -376,8 +412,9 @@ class Executor:
             "op": "run",
             "program": job.program,
             "setup": job.setup_code or "",
-            "calls": [t.call for t in job.tests],
+            "calls": [t.call for t in job.tests if t.kind != "stdout"],
             "limits": ld,
+            "stop": bool(getattr(job, "stop_on_failure", False)),
         }
 
     def run(self, jobs: Sequence[Job], deadline_s: float | None = None) -> list[Verdict]:
@@ -436,10 +473,15 @@ class Executor:
             return dataclasses.replace(t, expected=value, expected_expr=None)
         return dataclasses.replace(t, kind="invalid", expected=value, expected_expr=None)
 
-    def _evaluate(self, prelude: str, exprs: list[str]) -> dict[str, tuple[bool, object]]:
+    def evaluate(self, prelude: str, exprs: Sequence[str], slot: int = 0) -> dict[str, tuple[bool, object]]:
+        """Public `_evaluate`: run `prelude` in a sandboxed child on zygote `slot` (mod the slot count) and
+        evaluate each expression there; plain values back. Not concurrently with `run` nor twice on a slot."""
+        return self._evaluate(prelude, list(exprs), slot)
+
+    def _evaluate(self, prelude: str, exprs: list[str], at: int = 0) -> dict[str, tuple[bool, object]]:
         """{expr: (True, value) | (False, reason)} for the expressions the oracle child answered."""
         job = Job(program=prelude + "\n", tests=tuple(grading.TestCase(call=e) for e in exprs))
-        slot = self._slots[0]
+        slot = self._slots[at % len(self._slots)]
         try:
             if not slot.alive():
                 self._restart(slot)
@@ -547,6 +589,22 @@ class Executor:
                 job,
                 lim,
             )
+        if is_stdio(job.tests):  # ValueError on a mix (-> infra_error "bad job: ..."); sizes of the inputs
+            if job.child_check is not None or job.setup_code:
+                raise ValueError("a stdin/stdout Job takes no child_check and no setup_code")
+            big = [(i, n) for i, t in enumerate(job.tests) if (n := len(_stdin_bytes(t))) > lim.stdin_bytes]
+            if big:
+                i, n = big[0]
+                return (
+                    Verdict(
+                        Status.INFRA_ERROR,
+                        False,
+                        detail=f"test {i}: stdin of {n} bytes exceeds Limits.stdin_bytes={lim.stdin_bytes}",
+                    ),
+                    None,
+                    job,
+                    lim,
+                )
         unresolved = [t for t in job.tests if t.expected_expr is not None]
         if unresolved:
             return (
@@ -604,6 +662,8 @@ class Executor:
             t.join()
 
     def _execute(self, slot: _Slot, job: Job, lim: Limits, deadline: float | None) -> Verdict:
+        if is_stdio(job.tests):
+            return self._execute_stdio(slot, job, lim, deadline)
         retried = False
         for attempt in range(2):
             wall = lim.wall_s
@@ -652,7 +712,15 @@ class Executor:
             with self._lock:
                 self._counts["executed"] += 1
                 self._counts["leftover"] += int(info.get("leftover") or 0)
-            v = grading.grade(job.tests, job.child_check is not None, info, raw, output, lim.result_bytes)
+            v = grading.grade(
+                job.tests,
+                job.child_check is not None,
+                info,
+                raw,
+                output,
+                lim.result_bytes,
+                stop_on_failure=job.stop_on_failure,
+            )
             if ooms >= 0 and not v.passed and self._cg.oom_kills(slot.index) > ooms:
                 with self._lock:
                     self._counts["cgroup_oom_kills"] += 1
@@ -663,6 +731,82 @@ class Executor:
                 v = dataclasses.replace(v, retried=True)
             return v
         return Verdict(Status.INFRA_ERROR, False, detail="unreachable", retried=retried)
+
+    def _execute_stdio(self, slot: _Slot, job: Job, lim: Limits, deadline: float | None) -> Verdict:
+        """A stdin/stdout job: one sandboxed run per test, in order, each with the job's wall limit (capped by
+        the batch deadline), its own fresh child, /tmp and tree kill; the output is compared here. A compile
+        error ends the job at its first test (SYNTAX_ERROR, no tests); stop_on_failure ends it at the first
+        failing test; a worker death is retried once per job."""
+        t_job = time.monotonic()
+        results: list[TestResult] = []
+        retried = False
+        for i, tc in enumerate(job.tests):
+            stdin = _stdin_bytes(tc)
+            while True:
+                wall = lim.wall_s
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0.05:
+                        with self._lock:
+                            self._counts["deadline_skipped"] += 1
+                        if not results:
+                            return Verdict(
+                                Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
+                            )
+                        skipped = TestResult(False, Status.TIMEOUT, 0.0, "not run: batch deadline reached")
+                        results += [skipped] * (1 if job.stop_on_failure else len(job.tests) - i)
+                        return grading.stdio_verdict(
+                            results, len(job.tests), time.monotonic() - t_job, retried
+                        )
+                    wall = min(wall, left)
+                try:
+                    if not slot.alive():
+                        self._restart(slot)
+                    if self._cg_memory[slot.index] != lim.memory_bytes:
+                        self._cg.set_memory(slot.index, lim.memory_bytes)
+                        self._cg_memory[slot.index] = lim.memory_bytes
+                    ooms = self._cg.oom_kills(slot.index)
+                    info, raw, output, stdout = slot.execute_stdio(
+                        self._request(job, lim, wall), wall + _RESPONSE_SLACK_S, stdin
+                    )
+                    break
+                except _WorkerDied as e:
+                    with self._lock:
+                        self._counts["worker_deaths"] += 1
+                    try:
+                        self._restart(slot)
+                    except Exception as e2:
+                        return Verdict(
+                            Status.INFRA_ERROR,
+                            False,
+                            detail=f"worker restart failed: {e2}"[:300],
+                            retried=retried,
+                        )
+                    if retried:
+                        return Verdict(
+                            Status.INFRA_ERROR, False, detail=f"worker died twice: {e}"[:300], retried=True
+                        )
+                    retried = True
+                    with self._lock:
+                        self._counts["retries"] += 1
+            with self._lock:
+                self._counts["stdio_test_runs"] += 1
+                self._counts["leftover"] += int(info.get("leftover") or 0)
+            r = grading.grade_stdout_test(tc, info, raw, stdout, output, lim.result_bytes)
+            if ooms >= 0 and not r.passed and self._cg.oom_kills(slot.index) > ooms:
+                with self._lock:
+                    self._counts["cgroup_oom_kills"] += 1
+                r = dataclasses.replace(r, status=Status.MEMORY, error="cgroup memory limit (OOM kill)")
+            if r.status in (Status.SYNTAX_ERROR, Status.INFRA_ERROR):
+                with self._lock:
+                    self._counts["executed"] += 1
+                return Verdict(r.status, False, (), None, time.monotonic() - t_job, r.error, retried=retried)
+            results.append(r)
+            if job.stop_on_failure and not r.passed:
+                break
+        with self._lock:
+            self._counts["executed"] += 1
+        return grading.stdio_verdict(results, len(job.tests), time.monotonic() - t_job, retried)
 
     def _restart(self, slot: _Slot) -> None:
         with self._lock:

@@ -9,14 +9,18 @@
   and a float with the same value are equal (as Python's ``==`` says; bool never takes part) — see
   `NUMERIC_WIDENING`.
 * `grade` turns a zygote response plus the records into a `Verdict` with the documented status precedence.
+* stdin/stdout tests (`TestCase(kind="stdout")`): `stdout_matches` compares a program's standard output with
+  the expected text, `grade_stdout_test` decides one test from the zygote's report, `stdio_verdict` the job.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from grpo_jax.sandbox.types import Status, TestCase, TestResult, Verdict
@@ -208,6 +212,19 @@ def _apply_wrap(name: str, args: tuple, v: Any) -> Any:
     return WRAPPERS[name][0](v)
 
 
+def json_lists(v: Any, depth: int = 0) -> Any:
+    """Plain data as JSON sees it for json_eq: tuples become lists, recursively (list items, dict values; dict
+    keys and set items stay as they are: they must be hashable). Built-in containers only (parent data)."""
+    if depth > MAX_DEPTH + 2:
+        raise RecursionError("nested too deeply")
+    t = type(v)
+    if t is list or t is tuple:
+        return [json_lists(x, depth + 1) for x in v]
+    if t is dict:
+        return {k: json_lists(x, depth + 1) for k, x in v.items()}
+    return v
+
+
 def _real(x: Any) -> bool:
     return type(x) in (int, float)  # bool is not a number here
 
@@ -224,6 +241,11 @@ def check_value(tc: TestCase, got: Any) -> bool:
             return False
         if k == "eq":
             return strict_equal(got, exp, tc.float_tol)
+        if k == "json_eq":
+            # LiveCodeBench lcb_runner/evaluation/testing_util.py grade_call_based: "don't penalize model if
+            # it produces tuples instead of lists" (tuple -> list, then `prediction == gt_out`); here
+            # recursively and type-strictly (JSON tells true from 1), exact unless the test sets float_tol
+            return strict_equal(json_lists(got), json_lists(exp), tc.float_tol)
         if k == "ne":
             return not strict_equal(got, exp, tc.float_tol)
         if k == "truthy":
@@ -309,8 +331,13 @@ def grade(
     raw: bytes,
     output: bytes,
     result_cap: int,
+    stop_on_failure: bool = False,
 ) -> Verdict:
-    """Decide the verdict from the zygote's report (`info`), the child's records and its output excerpt."""
+    """Decide the verdict from the zygote's report (`info`), the child's records and its output excerpt.
+
+    `stop_on_failure` (Job.stop_on_failure): the tests end with the first one that did not pass and the
+    verdict's status is that test's (a compile error, an error at import or a sandbox failure still come
+    first); a child check is then not consulted."""
     secs = float(info.get("secs") or 0.0)
     out_excerpt = output[-600:].decode("utf-8", "replace")
     out_excerpt = "".join(c if (c.isprintable() or c in "\n\t") else "?" for c in out_excerpt)
@@ -428,7 +455,180 @@ def grade(
         status = Status.PASSED
     if problem and status is Status.PASSED:
         status, detail = Status.RUNTIME_ERROR, problem
+    first_fail = next((i for i, t in enumerate(results) if not t.passed), None)
+    if stop_on_failure and first_fail is not None and syntax is None and prog_err is None:
+        results = results[: first_fail + 1]
+        status = results[-1].status
+        detail = f"test {first_fail}: {results[-1].error or status.value}"
     passed = status is Status.PASSED
     if out_excerpt and not passed:
         detail = (detail + " | output: " + out_excerpt[-300:]).strip()
     return Verdict(status, passed, tuple(results), check_passed, secs, detail[:1000])
+
+
+# ------------------------------------------------------------------------------------------------------------
+# stdin/stdout tests: the program's standard output against the expected text, in the parent
+# ------------------------------------------------------------------------------------------------------------
+# Tokens that are numbers: an optional sign, digits with an optional fraction, an optional exponent. "nan",
+# "inf", "0x10", "1_000" are not numbers here (they compare as strings).
+_NUMBER = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+# Default float tolerance of stdout tests: absolute or relative error <= 1e-6, the most common statement of
+# Codeforces-style problems and testlib's rcmp6 checker (testlib.h doubleCompare(expected, result, 1E-6)).
+# APPS / TACO testing_util.py accept np.allclose (rtol 1e-5, atol 1e-8) per output line; LiveCodeBench's
+# grade_stdio accepts only Decimal-equal tokens. A TestCase's float_tol > 0 replaces it.
+STDOUT_FLOAT_TOL = 1e-6
+_MAX_NUMBER_TOKEN = 4000  # longer tokens compare as strings only
+
+
+def _as_bytes(x: str | bytes) -> bytes:
+    return x if type(x) is bytes else str(x).encode("utf-8", "surrogateescape")
+
+
+def _norm_lines(b: bytes) -> list[bytes]:
+    lines = [ln.rstrip() for ln in b.replace(b"\r\n", b"\n").split(b"\n")]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
+def _token_equal(got: bytes, exp: bytes, tol: float) -> bool:
+    """Two unequal tokens: equal as numbers? Decimal equality first (LiveCodeBench's grade_stdio compares
+    "element-wise ... use `decimal` library", so 5 == 5.0 == +5); if either token is not an integer literal,
+    then |got - exp| <= tol * max(1, |exp|) (testlib doubleCompare: absolute or relative error). Two
+    integer literals must be equal exactly (LiveCodeBench: "otherwise gotcha: np.isclose(50000000000000000,
+    50000000000000001) = True")."""
+    if len(got) > _MAX_NUMBER_TOKEN or len(exp) > _MAX_NUMBER_TOKEN:
+        return False
+    if _NUMBER.fullmatch(got) is None or _NUMBER.fullmatch(exp) is None:
+        return False
+    try:
+        if Decimal(got.decode("ascii")) == Decimal(exp.decode("ascii")):
+            return True
+    except (InvalidOperation, ValueError):
+        return False
+    if not any(c in tok for tok in (got, exp) for c in b".eE"):
+        return False
+    try:
+        g, e = float(got), float(exp)
+    except (ValueError, OverflowError):
+        return False
+    if not (math.isfinite(g) and math.isfinite(e)):
+        return False
+    return abs(g - e) <= tol * max(1.0, abs(e)) + 1e-15
+
+
+def stdout_matches(got: str | bytes, expected: str | bytes, float_tol: float = 0.0) -> tuple[bool, str]:
+    """(passed, why not) for a program's standard output against a stdout test's expected text.
+
+    1. Exact after normalising both sides (the community harnesses strip before comparing: LiveCodeBench's
+       get_stripped_lines, APPS / TACO's stripped_string_compare): "\\r\\n" is "\\n", trailing whitespace
+       of each line and trailing blank lines are ignored.
+    2. Else token by token (whitespace-separated, line breaks included: testlib's wcmp): as many tokens, each
+       pair equal as bytes, or both numbers equal by value (`_token_equal`: Decimal equality, and a float
+       tolerance where one is not an integer: `float_tol` if > 0, else STDOUT_FLOAT_TOL = 1e-6 absolute or
+       relative). Case matters ("YES" is not "Yes"), as in every one of those harnesses.
+    """
+    g, e = _as_bytes(got), _as_bytes(expected)
+    if g == e:
+        return True, ""
+    gl, el = _norm_lines(g), _norm_lines(e)
+    if gl == el:
+        return True, ""
+    gt, et = g.split(), e.split()
+    if gt == et:
+        return True, ""
+    if len(gt) != len(et):
+        return False, f"{len(gt)} output tokens, expected {len(et)}"
+    tol = float_tol if float_tol > 0 else STDOUT_FLOAT_TOL
+    for k, (a, b) in enumerate(zip(gt, et, strict=True)):
+        if a != b and not _token_equal(a, b, tol):
+            shown = _text(a.decode("utf-8", "replace"), 40)
+            return (
+                False,
+                f"token {k + 1}: got {shown!r}, expected {_text(b.decode('utf-8', 'replace'), 40)!r}",
+            )
+    return True, ""
+
+
+def grade_stdout_test(
+    tc: TestCase, info: dict, raw: bytes, stdout: bytes, output: bytes, result_cap: int
+) -> TestResult:
+    """One stdin/stdout test from the zygote's report: the exit status and signal (the zygote's, never the
+    program's word), the harness's records (syntax, start, the uncaught exception's type), the captured
+    standard output (`stdout`) and the stderr excerpt (`output`). Status precedence: sandbox failure
+    (INFRA_ERROR), compile error (SYNTAX_ERROR), wall or CPU limit (TIMEOUT), MemoryError (MEMORY), output or
+    result cap (OUTPUT_LIMIT), a signal, a non-zero exit status or no start (RUNTIME_ERROR); else the output
+    decides (PASSED / WRONG_ANSWER). Records can only make a failure more specific: a pass needs exit status
+    0 from the zygote and the right output."""
+    secs = float(info.get("secs") or 0.0)
+    if info.get("infra"):
+        return TestResult(False, Status.INFRA_ERROR, secs, _text(info["infra"], 400))
+    records, problem = parse_records(raw, result_cap)
+    kinds = {r["k"]: r for r in reversed(records)}  # the first record of each kind
+    if "setup_err" in kinds:
+        return TestResult(
+            False, Status.INFRA_ERROR, secs, "sandbox setup: " + _text(kinds["setup_err"].get("msg"))
+        )
+    if "syntax" in kinds:
+        r = kinds["syntax"]
+        return TestResult(
+            False, Status.SYNTAX_ERROR, secs, f"{_text(r.get('exc'), 60)}: {_text(r.get('msg'))}"
+        )
+    sig = info.get("signal")
+    exc = kinds.get("exc")
+    why = f"{_text(exc.get('exc'), 60)}: {_text(exc.get('msg'))}" if exc is not None else ""
+    lines = output[-600:].decode("utf-8", "replace").strip().splitlines()[-3:]  # the end of stderr
+    err = " / ".join(_text(ln.strip(), 120) for ln in lines if ln.strip())
+    if info.get("timed_out") or sig == signal.SIGXCPU:
+        return TestResult(
+            False, Status.TIMEOUT, secs, "wall time limit" if info.get("timed_out") else "cpu time limit"
+        )
+    if exc is not None and exc.get("exc") in _MEMORY_EXC:
+        return TestResult(False, Status.MEMORY, secs, "memory limit: " + why)
+    if info.get("output_limit") or info.get("result_limit") or problem == "result too large":
+        return TestResult(False, Status.OUTPUT_LIMIT, secs, "output limit")
+    if "start" not in kinds:
+        return TestResult(False, Status.RUNTIME_ERROR, secs, "the program did not start")
+    if sig:
+        return TestResult(
+            False,
+            Status.RUNTIME_ERROR,
+            secs,
+            (why or f"killed by signal {sig}") + (f" | stderr: {err}" if err else ""),
+        )
+    code = info.get("exit")
+    if code != 0:
+        return TestResult(
+            False,
+            Status.RUNTIME_ERROR,
+            secs,
+            (why or f"exit status {code}") + (f" | stderr: {err}" if err else ""),
+        )
+    ok, diff = stdout_matches(stdout, tc.expected, tc.float_tol)
+    if ok:
+        return TestResult(True, Status.PASSED, secs, "")
+    return TestResult(False, Status.WRONG_ANSWER, secs, diff)
+
+
+# the job's status from its tests, worst first (the order of `grade`'s precedence)
+_STDIO_ORDER = (
+    Status.TIMEOUT,
+    Status.MEMORY,
+    Status.OUTPUT_LIMIT,
+    Status.RUNTIME_ERROR,
+    Status.WRONG_ANSWER,
+)
+
+
+def stdio_verdict(results: Sequence[TestResult], n_tests: int, secs: float, retried: bool = False) -> Verdict:
+    """A stdin/stdout job's verdict from its tests' results (fewer than `n_tests` only after a stop):
+    PASSED iff every test ran and passed; else the first of TIMEOUT, MEMORY, OUTPUT_LIMIT, RUNTIME_ERROR,
+    WRONG_ANSWER that some test has, with the first such test in `detail`."""
+    results = tuple(results)
+    if len(results) == n_tests and all(t.passed for t in results):
+        return Verdict(Status.PASSED, True, results, None, secs, "", retried=retried)
+    present = {t.status for t in results}
+    status = next((s for s in _STDIO_ORDER if s in present), Status.WRONG_ANSWER)
+    i = next((i for i, t in enumerate(results) if t.status is status), None)
+    detail = f"test {i}: {results[i].error or status.value}" if i is not None else "not every test ran"
+    return Verdict(status, False, results, None, secs, detail[:1000], retried=retried)

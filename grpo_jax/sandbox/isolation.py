@@ -105,6 +105,37 @@ def sandbox_uid_pids() -> list[int]:
     return out
 
 
+def uid_leased(uid: int) -> bool:
+    """Whether a live executor holds `uid`'s lease (`UidLease`: an flock, released when its holder exits)."""
+    try:
+        fd = os.open(f"{LOCK_DIR}/uid-{uid}.lock", os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def stray_sandbox_pids(own_uids=()) -> list[int]:
+    """The sandbox-uid processes that outlived their program: those of `own_uids` (a live executor's slots,
+    between its batches) and those of every uid that no live executor holds (left by an executor that is
+    gone). Programs that other executors on the machine are running right now are not strays."""
+    own = set(own_uids)
+    out = []
+    for pid in sandbox_uid_pids():
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+        except OSError:
+            continue
+        if uid in own or not uid_leased(uid):
+            out.append(pid)
+    return out
+
+
 class UidLease:
     """Exclusive per-slot uids across every executor on the machine (flock on /run files; root only)."""
 
@@ -125,6 +156,11 @@ class UidLease:
             self._fds[uid] = fd
             return uid
         raise RuntimeError("no free sandbox uid")
+
+    @property
+    def uids(self) -> tuple[int, ...]:
+        """The uids this lease holds."""
+        return tuple(self._fds)
 
     def release_all(self) -> None:
         for fd in self._fds.values():

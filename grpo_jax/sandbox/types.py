@@ -31,7 +31,23 @@ class TestCase:
     - "truthy" / "falsy": `assert CALL` / `assert not CALL` (expected unused);
     - "in" / "not_in": got in expected; "contains" / "not_contains": expected in got;
     - "abs_lt" / "abs_le": expected = (x, tol), abs(got - x) < tol (<=);
-    - "isclose": expected = (x, rel_tol, abs_tol), math.isclose.
+    - "isclose": expected = (x, rel_tol, abs_tol), math.isclose;
+    - "json_eq": call-based tests of competitive-programming datasets (LeetCode / APPS fn_name style,
+      `call="fn(*ARGS_LITERAL)"` or `"Solution().method(*ARGS_LITERAL)"`, `expected` = the JSON data): tuples
+      become lists recursively on both sides (LiveCodeBench's grade_call_based: "don't penalize model if it
+      produces tuples instead of lists"), then type-strict equality as "eq" (bool is not int, an int and a
+      float compare by value, a set is not a list, dict keys keep their types; exact unless `float_tol` > 0,
+      as LiveCodeBench and APPS compare with `==`). APPS's one-element wrapping of outputs is undone by the
+      loader (grpo_jax.codegen.formats), not here.
+
+    A stdin/stdout test is `TestCase(call="", kind="stdout", stdin=<input text>, expected=<expected stdout>)`:
+    the program runs once per test as `__main__` with `stdin` on its standard input (a sealed in-memory file,
+    never argv) and its standard output comes back to the parent, which compares it with `expected`
+    (`grading.stdout_matches`: exact after normalising line ends, trailing whitespace and trailing blank
+    lines, else token by token with numbers equal by value and, where one is not an integer, within
+    `float_tol`, default `grading.STDOUT_FLOAT_TOL` = 1e-6 absolute or relative). `stdin` and `expected` are
+    str (bytes are accepted too); `stdin` is required ("" for no input) and only for this kind. A Job's tests
+    are either all stdout tests or none (docs/SANDBOX.md §3.7).
 
     `expected` never leaves the parent. When it is not a literal (`10**12 + 1`, `math.pi`), `expected_expr`
     holds the expression and `prelude` the import lines it needs: the executor evaluates it once in a separate
@@ -49,6 +65,70 @@ class TestCase:
     wrap: tuple[tuple[str, tuple], ...] = ()
     expected_expr: str | None = None
     prelude: str = ""
+    stdin: str | None = None  # kind="stdout" only: the test's standard input
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"TestCase kind={self.kind!r} is not a comparison; valid: {', '.join(KINDS)}")
+        if not isinstance(self.call, str):
+            raise ValueError(
+                f"TestCase call must be a str (a Python expression), not {type(self.call).__name__}"
+            )
+        if self.kind == "stdout":
+            bad = []
+            if self.call != "":
+                bad.append(f'call={self.call[:60]!r} (must be "")')
+            if not isinstance(self.stdin, str | bytes):
+                bad.append(f"stdin={type(self.stdin).__name__} (must be the input text, '' for none)")
+            if not isinstance(self.expected, str | bytes):
+                bad.append(f"expected={type(self.expected).__name__} (must be the expected stdout text)")
+            if self.wrap or self.expected_expr is not None or self.prelude:
+                bad.append("wrap / expected_expr / prelude (call tests only)")
+            if bad:
+                raise ValueError(
+                    "a stdin/stdout test is TestCase(call='', kind='stdout', stdin=<str>, expected=<str>); "
+                    "got " + ", ".join(bad)
+                )
+        else:
+            if self.stdin is not None:
+                raise ValueError(f"TestCase stdin= is only for kind='stdout' tests, not kind={self.kind!r}")
+            if not self.call.strip():
+                raise ValueError(f"TestCase kind={self.kind!r} needs call= a Python expression, got ''")
+
+
+# the comparisons a TestCase may name (grading.check_value; "invalid" is set by the executor's oracle)
+KINDS = (
+    "eq",
+    "ne",
+    "lt",
+    "le",
+    "gt",
+    "ge",
+    "truthy",
+    "falsy",
+    "in",
+    "not_in",
+    "contains",
+    "not_contains",
+    "abs_lt",
+    "abs_le",
+    "isclose",
+    "json_eq",
+    "stdout",
+    "invalid",
+)
+
+
+def is_stdio(tests) -> bool:
+    """True for a stdin/stdout job's tests (all kind="stdout"), False for call tests; ValueError for a mix."""
+    kinds = {getattr(t, "kind", None) == "stdout" for t in tests}
+    if len(kinds) > 1:
+        n = sum(getattr(t, "kind", None) == "stdout" for t in tests)
+        raise ValueError(
+            f"a Job mixes {n} stdin/stdout tests (kind='stdout') with {len(tests) - n} call tests; "
+            "valid: all tests of one Job are stdout tests, or none is"
+        )
+    return kinds == {True}
 
 
 class Status(enum.StrEnum):
@@ -76,6 +156,7 @@ class Limits:
     open_files: int = 64
     source_bytes: int = 256 << 10
     workdir_bytes: int = 64 << 20
+    stdin_bytes: int = 16 << 20  # the largest standard input of one stdout test (a larger one: infra_error)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +167,21 @@ class Job:
     setup_code: str = ""
     limits: Limits | None = None  # None: the executor's defaults
     time_limit_s: float | None = None  # a tighter wall limit for this job (CPU follows); never looser
+    # True: stop at the first failing test; the verdict's `tests` then ends with that test and its status is
+    # that test's. stdio jobs run no further test; call jobs run their calls in one child, which stops at the
+    # first call that raises (a wrong value is only known in the parent: later calls ran but are not reported)
+    stop_on_failure: bool = False
+
+    def __post_init__(self):
+        tests = self.tests if isinstance(self.tests, tuple | list) else ()
+        if is_stdio(tests):
+            if self.child_check is not None or self.setup_code:
+                raise ValueError(
+                    "a stdin/stdout Job (kind='stdout' tests) takes no child_check and no setup_code; "
+                    "valid: program + stdout tests (+ limits, time_limit_s, stop_on_failure)"
+                )
+        if not isinstance(self.stop_on_failure, bool):
+            raise ValueError(f"Job stop_on_failure must be a bool, got {self.stop_on_failure!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +196,9 @@ class TestResult:
 class Verdict:
     status: Status
     passed: bool
-    tests: tuple[TestResult, ...] = ()  # one per parent-graded test, in order (may be shorter on early stop)
+    # one per parent-graded test, in order; shorter on an early stop (a timeout or a crash ends a call job's
+    # child; Job.stop_on_failure ends at the first failing test) and empty on a syntax error
+    tests: tuple[TestResult, ...] = ()
     child_check_passed: bool | None = None  # None: the job had no child check
     seconds: float = 0.0
     detail: str = ""  # short human-readable reason (truncated stderr excerpt, limit hit, ...)
