@@ -3,11 +3,11 @@ a GGUF (grpo_jax.tokenization.hf) and the model loader (grpo_jax.pretrained.gguf
 
 Our own parser of the GGUF container (versions 2 and 3, little-endian; the layout of the GGUF specification
 in the ggml repository): the header, the key/value metadata, the tensor infos, then the aligned data
-section, which is memory-mapped, never read whole. `gguf.GGUFReader` (the `gguf` package) builds a numpy view per array
-element of the metadata: 6-9 s for the 49 152 tokens and 48 900 merges of SmolLM2-135M's tokenizer on a
-2-core CPU, paid on every load. This parser decodes the same values with `struct` in about a tenth of a
-second. The tensor data it returns have the shapes and dtypes `gguf.quants.dequantize` expects (the same as
-`GGUFReader`'s), and tests/test_gguf.py checks every field and tensor against `GGUFReader`.
+section, which is memory-mapped, never read whole. `gguf.GGUFReader` (the `gguf` package) builds a numpy
+view per array element of the metadata: 6-9 s for the 49 152 tokens and 48 900 merges of SmolLM2-135M's
+tokenizer on a 2-core CPU, paid on every load. This parser decodes the same values with `struct` in about
+a tenth of a second. The tensor data it returns have the shapes and dtypes `gguf.quants.dequantize`
+expects (the same as `GGUFReader`'s); tests/test_gguf.py checks every field and tensor against it.
 
 A truncated or malformed file gets one ValueError naming the file and what is wrong.
 """
@@ -26,7 +26,7 @@ GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 
-# GGUF metadata value types (the ggml GGUF specification's `gguf_metadata_value_type`): struct format of the scalars
+# GGUF metadata value types (the GGUF specification's `gguf_metadata_value_type`): the scalars' struct format
 _SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _STRING, _ARRAY = 8, 9
 # numpy dtypes of the unquantized tensor types (GGMLQuantizationType values); everything else is raw bytes
