@@ -65,7 +65,10 @@ EXPLORE_MODES = ("temperature", "param_noise")
 MULTISCALE_MODES = ("mean_of_tests", "fraction")
 CURRICULUM_KINDS = ("uniform", "levels", "pass_rate", "levels+pass_rate")
 DTYPES = ("float32", "bfloat16", "float16")
-TASK_SOURCES = ("procedural", "mbpp")
+TASK_SOURCES = ("procedural", "mbpp", "codeio", "file")
+# problem-file formats (grpo_jax.codegen.formats.FORMATS; "taco" reads as apps), and which tests grade
+DATA_FORMATS = ("auto", "humaneval", "mbpp", "apps", "taco", "codecontests", "livecodebench", "native")
+GRADE_TESTS = ("all", "private")
 PROMPT_FORMATS = ("plain", "chat")
 # defaults that depend on the model, resolved by RunConfig._derive (an explicit value always wins): {path:
 # (the value for a model trained from scratch, the value for a pretrained --init_from model)}. Unresolved,
@@ -219,6 +222,33 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
         ("sft_levels", "rl_levels", "eval_levels", "train_per_level"),
     ),
     Mechanism(
+        "file_source",
+        "tasks",
+        "--source=file (--train_data)",
+        "a problems file to train on",
+        lambda t: t.source == "file",
+        lambda t: f"--source={t.source}",
+        ("train_data", "grade_tests"),
+    ),
+    Mechanism(
+        "codeio_source",
+        "tasks",
+        "--source=codeio",
+        "the CodeI/O tasks",
+        lambda t: t.source == "codeio",
+        lambda t: f"--source={t.source}",
+        ("codeio_tasks",),
+    ),
+    Mechanism(
+        "problem_files",
+        "tasks",
+        "--train_data or --eval_data",
+        "problems read from a file",
+        lambda t: bool(t.train_data or t.eval_data),
+        lambda t: "neither --train_data nor --eval_data",
+        ("data_format", "visible_tests", "max_tests"),
+    ),
+    Mechanism(
         "chat",
         "",
         "--prompt_format=chat",
@@ -230,19 +260,19 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
     Mechanism(
         "chat_function_problems",
         "",
-        "--source=procedural or --eval_humaneval",
+        "--source=procedural|file, --eval_data or --eval_humaneval",
         "function-completion problems, the ones --chat_instruction words",
-        lambda c: c.tasks.source == "procedural" or c.eval.humaneval,
-        lambda c: f"--source={c.tasks.source} without --eval_humaneval",
+        lambda c: c.tasks.source in ("procedural", "file") or bool(c.tasks.eval_data) or c.eval.humaneval,
+        lambda c: f"--source={c.tasks.source}, no --eval_data and no --eval_humaneval",
         ("tasks.chat_instruction",),
     ),
     Mechanism(
         "chat_program_problems",
         "",
-        "--source=mbpp or --eval_mbpp > 0",
-        "whole-program (MBPP) problems, the ones --program_instruction words",
-        lambda c: c.tasks.source == "mbpp" or c.eval.mbpp > 0,
-        lambda c: f"--source={c.tasks.source} and --eval_mbpp=0",
+        "--source=mbpp|codeio|file, --eval_data or --eval_mbpp > 0",
+        "whole-program problems (MBPP, CodeI/O, contest problems), the ones --program_instruction words",
+        lambda c: c.tasks.source in ("mbpp", "codeio", "file") or bool(c.tasks.eval_data) or c.eval.mbpp > 0,
+        lambda c: f"--source={c.tasks.source}, no --eval_data and --eval_mbpp=0",
         ("tasks.program_instruction",),
     ),
     # ---- the objective
@@ -638,9 +668,44 @@ class TaskConfig:
 
     FLAG_PREFIX: ClassVar[str] = ""
     source: str = opt(
-        "procedural",
-        "Problems: procedural (the synthetic suite) or mbpp (train split for RL, test split held out).",
-        choices=TASK_SOURCES,
+        "auto",
+        "Problems: procedural (the synthetic suite), mbpp (train split for RL, test split held out), codeio "
+        "(the CodeI/O tasks of the reasoning-gym wheel, docs/data/CODEIO.md: train split for RL, held-out "
+        "split), file (--train_data); auto (the default) = file when --train_data is given, else procedural.",
+        choices=("auto", *TASK_SOURCES),
+    )
+    train_data: str = opt(
+        "",
+        "A problems file to train on (.jsonl / .jsonl.gz in any format of docs/DATA_FORMATS.md: HumanEval, "
+        "MBPP, APPS / TACO, CodeContests, LiveCodeBench, native); selects --source=file.",
+    )
+    eval_data: str = opt(
+        "",
+        "A problems file for the held-out evaluation, graded on its hidden tests only (any source); empty: "
+        "the source's own held-out split (--source=file: --heldout_per_level problems of --train_data, "
+        "chosen by a hash of their ids and kept out of training).",
+    )
+    data_format: str = opt(
+        "auto",
+        "The format of --train_data / --eval_data; auto = detected from the first row's fields.",
+        choices=DATA_FORMATS,
+    )
+    grade_tests: str = opt(
+        "all",
+        "Which tests grade the training reward of file problems: all (public + hidden) or private (hidden "
+        "only). Held-out evaluation always grades on the hidden tests.",
+        choices=GRADE_TESTS,
+    )
+    visible_tests: int = opt(
+        0,
+        "Public tests of a file problem shown in its prompt (-1: all; 0: none, since the statements of APPS, "
+        "CodeContests and LiveCodeBench already show their examples).",
+    )
+    max_tests: int = opt(0, "Keep at most this many hidden tests per file problem (0: all).")
+    codeio_tasks: int = opt(
+        0,
+        "--source=codeio: use the first N of the ~3 200 CodeI/O source tasks (0: all; the full set is built "
+        "once, about 4 minutes on 2 cores, then cached).",
     )
     prompt_format: str = opt(
         "auto",
@@ -673,7 +738,16 @@ class TaskConfig:
             if not levels or any(lv not in LEVELS for lv in levels) or len(set(levels)) != len(levels):
                 fail(self, f, f"must be distinct levels from {', '.join(map(str, LEVELS))}")
         _positive(self, ("train_per_level", "heldout_per_level", "prompt_len"))
-        _choice(self, "source", TASK_SOURCES)
+        _choice(self, "source", ("auto", *TASK_SOURCES))
+        if self.source == "auto":
+            object.__setattr__(self, "source", "file" if self.train_data else "procedural")
+        if self.source == "file" and not self.train_data:
+            fail(self, "source", "--source=file needs --train_data=PATH (a problems file)")
+        _choice(self, "data_format", DATA_FORMATS)
+        _choice(self, "grade_tests", GRADE_TESTS)
+        if self.visible_tests < -1:
+            fail(self, "visible_tests", "must be -1 (all), 0 (none) or a positive count")
+        _positive(self, ("max_tests", "codeio_tasks"), strict=False)
         _choice(self, "prompt_format", ("auto", *PROMPT_FORMATS))
         for name in ("chat_instruction", "program_instruction"):
             if "{prompt}" not in getattr(self, name):

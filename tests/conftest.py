@@ -20,7 +20,7 @@ for _flag, _value in (("xla_backend_optimization_level", "0"), ("xla_cpu_use_fus
         _XLA = f"{_XLA} --{_flag}={_value}".strip()
 os.environ["XLA_FLAGS"] = _XLA
 
-TEST_DEPS = ("torch", "transformers", "accelerate", "regex", "gguf", "tokenizers", "jinja2")
+TEST_DEPS = ("torch", "transformers", "accelerate", "regex", "gguf", "tokenizers", "jinja2", "reasoning_gym")
 
 
 def smollm2_gguf_path() -> str | None:

@@ -9,6 +9,8 @@
   `assert CALL`, `not CALL`, `abs(CALL - X) < tol`, `math.isclose`, `set(CALL) == ...`) becomes a
   parent-graded `TestCase`; only the lines that cannot be split run in the child as ``child_check``.
   ``test_setup_code`` becomes ``setup_code``. ``challenge_test_list`` is not used.
+* A problems file in any format (these two, APPS / TACO, CodeContests, LiveCodeBench, the native JSONL):
+  `grpo_jax.codegen.formats.load` (docs/DATA_FORMATS.md), which uses the two converters here.
 """
 
 from __future__ import annotations
@@ -182,22 +184,3 @@ def load_mbpp(path: str | Path | None = None, split: str | None = None) -> list[
     if split is not None:
         probs = [p for p in probs if p.split == split]
     return probs
-
-
-def load_problems(path: str | Path) -> list[Problem]:
-    """Load a .jsonl or .jsonl.gz file of HumanEval-format or MBPP-format rows (detected from the fields)."""
-    rows = read_jsonl(path)
-    if not rows:
-        raise ValueError(f"{path}: no problems")
-    out = []
-    for i, r in enumerate(rows, 1):
-        if {"task_id", "prompt", "entry_point", "canonical_solution", "test"} <= r.keys():
-            out.append(humaneval_problem(r))
-        elif {"task_id", "text", "code", "test_list"} <= r.keys():
-            out.append(mbpp_problem(r))
-        else:
-            raise ValueError(
-                f"{path}: row {i} is neither HumanEval format (task_id, prompt, entry_point, "
-                f"canonical_solution, test) nor MBPP format (task_id, text, code, test_list)"
-            )
-    return out

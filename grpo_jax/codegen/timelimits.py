@@ -45,7 +45,13 @@ def _key(p: Problem, tier: str) -> str:
             p.reference,
             p.setup_code,
             p.child_check,
-            [[t.call, t.kind, repr(t.expected)] for t in p.tests],
+            # a stdin/stdout test's input is part of what runs (assert-style tests have none: their keys
+            # are those of the caches written before stdin tests existed)
+            [
+                [t.call, t.kind, repr(t.expected), *([t.stdin] if t.stdin is not None else [])]
+                for t in p.tests
+            ],
+            *([p.program_prelude] if p.program_prelude else []),
         ],
         sort_keys=True,
     )

@@ -85,10 +85,11 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     ctx = distributed.context(cfg.dist)
     print_fn = ctx.print_fn(print_fn)
     mesh = run_mesh(cfg, ctx, print_fn)
-    problems = problem_sets(cfg)
+    problems = problem_sets(cfg, executor)
+    tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
+    problems = fit_prompts(cfg, tok, problems, print_fn)
     if executor is not None and cfg.sandbox.time_limits == "reference":
         problems = reference_limits(cfg, executor, problems, print_fn, ctx)
-    tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     print_fn(tasks_line(cfg, problems, executor))
     param_fn = None
     if cfg.lora.enabled:
@@ -135,7 +136,11 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
 
 def tasks_line(cfg: RunConfig, p: Problems, executor: Executor | None) -> str:
     t = cfg.tasks
-    what = f"levels {t.sft_levels} / {t.rl_levels}" if t.source == "procedural" else "MBPP train split"
+    what = {
+        "procedural": f"levels {t.sft_levels} / {t.rl_levels}",
+        "mbpp": "MBPP train split",
+        "codeio": "CodeI/O train split",
+    }.get(t.source, t.train_data)
     return (
         f"tasks: {len(p.sft)} SFT / {len(p.rl)} RL training problems ({what}), {len(p.heldout)} held-out"
         f"{''.join(f', {len(v)} {k}' for k, v in p.extra.items())}; prompts {t.prompt_format}"
@@ -176,12 +181,24 @@ def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
     return mesh
 
 
-def problem_sets(cfg: RunConfig) -> Problems:
-    """The run's problems: the procedural suite's splits (or MBPP's), and the extra evaluation sets."""
+def problem_sets(cfg: RunConfig, executor: Executor | None = None) -> Problems:
+    """The run's problems: the procedural suite's splits (or MBPP's, CodeI/O's, a file's), and the extra
+    evaluation sets. A --eval_data file replaces the source's held-out set (graded on its hidden tests).
+    `executor`: the sandbox that builds the CodeI/O tests on first use (None: one made for it)."""
     t = cfg.tasks
     if t.source == "mbpp":
         train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
         sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
+    elif t.source == "codeio":
+        from grpo_jax.codegen.codeio import load_codeio
+
+        kw = dict(limit=t.codeio_tasks or None, executor=executor)
+        train = load_codeio("train", **kw)
+        sft_p, rl_p = train, train
+        heldout = [] if t.eval_data else load_codeio("heldout", **kw)[: t.heldout_per_level]
+        heldout = [p.with_grade_tests("private") for p in heldout]
+    elif t.source == "file":
+        sft_p, rl_p, heldout = file_problems(cfg)
     else:
         split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
         sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
@@ -189,12 +206,105 @@ def problem_sets(cfg: RunConfig) -> Problems:
         heldout = tasks.make_split(
             "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
         )
+    if t.eval_data:
+        heldout = load_data(cfg, t.eval_data, "private")
     extra = {}
     if cfg.eval.mbpp:
         extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
     if cfg.eval.humaneval:
         extra["humaneval"] = datasets.load_humaneval()
     return Problems(sft_p, rl_p, heldout, extra)
+
+
+def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
+    """Problems read from files (--source=file|codeio, --eval_data) whose prompt is longer than
+    --prompt_len tokens are left out, with a count (the datasets' statements run to thousands of tokens);
+    the built-in sets keep today's error for a prompt that does not fit."""
+    from grpo_jax.codegen.pipeline import render_prompt, sft_target
+
+    t = cfg.tasks
+    fmt = t.prompt
+
+    def fit(name, problems):
+        kept = [q for q in problems if len(tok.encode(render_prompt(tok, q, fmt))) <= t.prompt_len]
+        if len(kept) < len(problems):
+            print_fn(
+                f"{name}: {len(problems) - len(kept)} of {len(problems)} prompts are longer than "
+                f"--prompt_len={t.prompt_len} tokens and left out"
+            )
+        if not kept:
+            raise RunConfigError(
+                f"{name}: no problem's prompt fits in --prompt_len={t.prompt_len} tokens: raise --prompt_len"
+            )
+        return kept
+
+    sft, rl, heldout = p.sft, p.rl, p.heldout
+    if t.source in ("file", "codeio"):
+        rl = fit("training problems", rl)
+        keep = {q.task_id for q in rl}
+        sft = [q for q in sft if q.task_id in keep]
+        if cfg.sft.steps:  # the warm start's targets (reference + EOS) must fit in the completion length
+            room = cfg.rollout.max_new_tokens - 1
+            fits = [q for q in sft if len(tok.encode(sft_target(q, fmt))) <= room]
+            if len(fits) < len(sft):
+                print_fn(
+                    f"SFT: {len(sft) - len(fits)} of {len(sft)} reference solutions are longer than "
+                    f"--max_new_tokens={cfg.rollout.max_new_tokens} tokens (with EOS) and left out"
+                )
+            if not fits:
+                raise RunConfigError(
+                    f"SFT: no reference solution fits in --max_new_tokens={cfg.rollout.max_new_tokens} "
+                    "tokens: raise it, or --sft_steps=0"
+                )
+            sft = fits
+        if len(rl) < cfg.rollout.prompts_per_step:
+            raise RunConfigError(
+                f"--prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(rl)} training "
+                "problems that fit"
+            )
+    if t.eval_data or t.source in ("file", "codeio"):
+        heldout = fit("held-out problems", heldout)
+    return Problems(sft, rl, heldout, p.extra)
+
+
+def load_data(cfg: RunConfig, path: str, grade_tests: str) -> list:
+    """The problems of a --train_data / --eval_data file (grpo_jax.codegen.formats); a bad file is one
+    RunConfigError naming the file, line and field."""
+    from grpo_jax.codegen import formats
+
+    t = cfg.tasks
+    try:
+        return formats.load(
+            path,
+            None if t.data_format == "auto" else t.data_format,
+            grade_tests=grade_tests,
+            visible_tests=None if t.visible_tests < 0 else t.visible_tests,
+            max_tests=t.max_tests or None,
+        )
+    except (OSError, ValueError) as e:
+        raise RunConfigError(f"{path}: {e}" if path not in str(e) else str(e)) from None
+
+
+def file_problems(cfg: RunConfig) -> tuple[list, list, list]:
+    """(SFT, RL, held-out) of --train_data: SFT on the problems that carry a reference solution; without
+    --eval_data, --heldout_per_level problems chosen by a hash of their task ids are held out (graded on
+    their hidden tests) and kept out of training."""
+    import hashlib
+
+    t = cfg.tasks
+    train = load_data(cfg, t.train_data, t.grade_tests)
+    heldout = []
+    if not t.eval_data:
+        order = sorted(train, key=lambda p: hashlib.sha256(p.task_id.encode()).hexdigest())
+        held = {p.task_id for p in order[: t.heldout_per_level]}
+        if len(held) >= len(train):
+            raise RunConfigError(
+                f"{t.train_data}: {len(train)} problems, all held out by --heldout_per_level="
+                f"{t.heldout_per_level}: give --eval_data=PATH or a smaller --heldout_per_level"
+            )
+        heldout = [p.with_grade_tests("private") for p in train if p.task_id in held]
+        train = [p for p in train if p.task_id not in held]
+    return [p for p in train if p.reference], train, heldout
 
 
 def reference_limits(cfg: RunConfig, executor: Executor, p: Problems, print_fn, ctx=None) -> Problems:

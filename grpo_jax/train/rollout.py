@@ -347,9 +347,11 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
     KV-cache Sampler (rollout), a Grader (sandbox) and, with a pool, its PoolRuntime (pool); async with
     --async_rewards. `cfg` is the RunConfig; none of the three parts sees it."""
     ro, fmt = cfg.rollout, cfg.tasks.prompt
+    # the procedural suite's training levels; other sources (MBPP, CodeI/O, files) are one level, 0
+    levels = cfg.tasks.rl_levels if cfg.tasks.source == "procedural" else (0,)
     source = ProblemSource(
         problems,
-        cfg.tasks.rl_levels,
+        levels,
         cfg.curriculum,
         cfg.replay,
         prompts_per_step=ro.prompts_per_step,

@@ -1,0 +1,142 @@
+"""The main job on problems read from files (--train_data / --eval_data, every contest format of
+grpo_jax.codegen.formats) and on the offline CodeI/O set (--source=codeio): each a one-step run of the tiny
+model in-process (tests/mainjob.py) whose rollout is graded by the sandbox's stdin/stdout and call-based
+tests; task ids reach the logs exactly as the file writes them; a bad file is one error naming file and line.
+The verdicts themselves (right and wrong solutions of every fixture) are tests/test_formats.py's."""
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import mainjob
+import pytest
+
+from grpo_jax import cli
+from grpo_jax.codegen import formats
+from grpo_jax.train.build import RunConfigError
+
+DATA = "--flagfile=experiments/flagfiles/tiny_data_test.flags"
+FIX = Path(__file__).resolve().parent / "fixtures" / "formats"
+ONE_STEP = ("--steps=1", "--sft_steps=0", "--eval_samples=0", "--eval_ks=", "--prompts_per_step=2")
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with mainjob.executor() as e:
+        yield e
+
+
+def _samples(wd) -> list[dict]:
+    return [json.loads(x) for x in (Path(wd) / "samples.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("fmt", ["apps", "taco", "codecontests", "livecodebench", "native"])
+def test_the_main_job_trains_from_a_file_of_each_format(ex, tmp_path, fmt):
+    train = FIX / f"{fmt}.jsonl"
+    kinds = {p.test_kind for p in formats.load(train)}
+    assert kinds <= {"stdio", "call"} and kinds, kinds
+    results, out = mainjob.run(
+        DATA,
+        *ONE_STEP,
+        f"--train_data={train}",
+        f"--eval_data={FIX / 'codecontests.jsonl'}",
+        workdir=tmp_path / "run",
+        executor=ex,
+    )
+    assert results["steps"] == 1
+    train_ids = {p.task_id for p in formats.load(train)}
+    assert f"RL training problems ({train})" in out and "2 held-out" in out
+    step = mainjob.metrics(tmp_path / "run")[1]
+    assert math.isfinite(step["loss"]) and 0.0 <= step["reward"] <= 1.0
+    rows = _samples(tmp_path / "run")
+    assert rows and {r["task_id"] for r in rows} <= train_ids  # ids as the file writes them
+    # every sampled program was graded by the sandbox (one verdict each; the tiny model writes no solution)
+    assert all(
+        r["status"] in {"passed", "wrong_answer", "runtime_error", "syntax_error", "timeout"} for r in rows
+    )
+    held = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert held["grpo"]["n_problems"] == 2.0
+
+
+def test_held_out_file_problems_are_graded_on_their_hidden_tests_only(tmp_path):
+    cfg, _ = mainjob.config(
+        DATA, f"--train_data={FIX / 'native.jsonl'}", "--heldout_per_level=2", workdir=tmp_path / "w"
+    )
+    from grpo_jax.train.build import problem_sets
+
+    p = problem_sets(cfg)
+    assert len(p.heldout) == 2 and len(p.rl) == 3
+    assert not {q.task_id for q in p.heldout} & {q.task_id for q in p.rl}  # held out = kept out of training
+    for q in p.heldout:
+        assert q.public_tests and q.tests == q.hidden_tests and not any(t in q.public_tests for t in q.tests)
+    # training grades on public + hidden (--grade_tests=all, the default); private: hidden only
+    assert all(q.tests[: len(q.public_tests)] == q.public_tests for q in p.rl)
+    cfg, _ = mainjob.config(
+        DATA, f"--train_data={FIX / 'native.jsonl'}", "--grade_tests=private", workdir=tmp_path / "w"
+    )
+    assert all(q.tests == q.hidden_tests for q in problem_sets(cfg).rl)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("reasoning_gym") is None,
+    reason="reasoning-gym==0.1.25 (pip --no-deps) not installed",
+)
+def test_the_main_job_trains_on_codeio(ex, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRPO_JAX_CACHE_DIR", str(tmp_path / "cache"))  # the CodeI/O tests built here
+    results, out = mainjob.run(
+        DATA,
+        *ONE_STEP,
+        "--source=codeio",
+        "--codeio_tasks=40",
+        "--prompt_len=1536",
+        workdir=tmp_path / "run",
+        executor=ex,
+    )
+    assert results["steps"] == 1 and "CodeI/O train split" in out
+    rows = _samples(tmp_path / "run")
+    assert rows and all(r["task_id"].startswith("codeio/") for r in rows)
+    assert math.isfinite(mainjob.metrics(tmp_path / "run")[1]["loss"])
+
+
+def test_a_bad_problem_file_is_one_error_naming_file_line_and_field(ex, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    good = (FIX / "apps.jsonl").read_text().splitlines()
+    row = json.loads(good[1])
+    row["input_output"] = "{not json"
+    bad.write_text("\n".join([good[0], json.dumps(row)]) + "\n")
+    with pytest.raises(RunConfigError, match=r"bad\.jsonl:2: input_output"):
+        mainjob.run(DATA, *ONE_STEP, f"--train_data={bad}", workdir=tmp_path / "run", executor=ex)
+    assert not (tmp_path / "run").exists()  # nothing written
+    with pytest.raises(cli.FlagError, match="--source=file needs --train_data"):
+        mainjob.config(DATA, "--source=file", workdir=tmp_path / "never")
+    with pytest.raises(cli.FlagError, match="--train_data=.*only used with --source=file"):
+        mainjob.config(DATA, "--source=mbpp", f"--train_data={bad}", workdir=tmp_path / "never")
+
+
+def test_the_runs_grader_scores_right_and_wrong_replies_of_every_format(ex):
+    """The main job's Grader on chat replies (the first ```python block is the program) to every fixture
+    problem that has a hand-written right and wrong solution: reward 1 and 0, per-test results to match."""
+    from grpo_jax.codegen.pipeline import PromptFormat
+    from grpo_jax.config import SandboxConfig
+    from grpo_jax.train.grader import Grader
+
+    sols = [json.loads(x) for x in (FIX / "solutions.jsonl").read_text().splitlines()]
+    by_file: dict = {}
+    for s in sols:
+        by_file.setdefault(s["file"], {})[s["task_id"]] = s
+    problems, texts = [], []
+    for name, wanted in sorted(by_file.items()):
+        for p in formats.load(FIX / name):
+            if p.task_id in wanted:
+                problems.append(p)
+                for code in (wanted[p.task_id]["correct"], wanted[p.task_id]["wrong"]):
+                    texts.append(f"Here is my solution.\n```python\n{code}```\nIt reads the input.")
+    assert len(problems) >= 15 and {p.test_kind for p in problems} == {"stdio", "call", "assert"}
+    grader = Grader(ex, SandboxConfig(), None, PromptFormat("chat"), group=2, num_tests=64)
+    verdicts, rewards = grader.score(problems, texts)
+    wrong = [(p.task_id, v.status) for p, v in zip(problems, verdicts[0::2], strict=True) if not v.passed]
+    assert not wrong, wrong
+    assert rewards.tolist() == [[1.0, 0.0]] * len(problems), [
+        (p.task_id, r) for p, r in zip(problems, rewards, strict=True)
+    ]
