@@ -140,3 +140,16 @@ def test_the_runs_grader_scores_right_and_wrong_replies_of_every_format(ex):
     assert rewards.tolist() == [[1.0, 0.0]] * len(problems), [
         (p.task_id, r) for p, r in zip(problems, rewards, strict=True)
     ]
+
+
+def test_a_run_on_mbpp_builds_with_the_suites_default_levels(tmp_path):
+    """--source=mbpp (one level of problems) once failed in the curriculum's set-up, which took the procedural
+    suite's default --rl_levels=0,1 and found level 1 empty."""
+    from grpo_jax.train.build import build
+
+    cfg, _ = mainjob.config(DATA, "--source=mbpp", "--prompt_len=1024", workdir=tmp_path / "w")
+    run = build(cfg, None, print_fn=lambda *a: None)
+    try:
+        assert len(run.problems.rl) == 374 and run.rollout.source.num_levels == 1
+    finally:
+        run.close()
