@@ -120,3 +120,17 @@ def add(a, b):
     assert [r["child_check_passed"] for r in res[3:]] == [True, True, False]
     summary = json.loads(p.stdout.strip().splitlines()[-1])
     assert summary["grading"] == {"parent": 3, "parent+child": 3} and summary["problems"] == 2
+
+
+def test_problem_files_are_graded_on_their_hidden_tests():
+    """The evaluator grades a contest file's problems on the hidden tests only (the public ones may be shown
+    in the prompt), in both modes."""
+    from experiments import evaluate as ev
+
+    fix = str(Path(__file__).resolve().parent / "fixtures" / "formats" / "native.jsonl")
+    grade_only = ev.load_problem_file(fix)
+    sampled, ids = ev.load_eval_problems(ev.PolicyEval(problems=fix, out_dir="unused"))
+    assert ids == [p.task_id for p in sampled]
+    for problems in (grade_only, sampled):
+        assert problems and all(p.public_tests and p.tests == p.hidden_tests for p in problems)
+        assert all(not any(t in p.public_tests for t in p.tests) for p in problems)

@@ -210,6 +210,7 @@ def evaluate(
     batch: int,
     deadline_s: float | None = None,
     fmt: PromptFormat = PLAIN,
+    details: dict | None = None,
 ) -> dict[str, float]:
     """Held-out metrics as a flat dict of floats.
 
@@ -219,6 +220,9 @@ def evaluate(
     "level{L}/pass@1" (greedy) and "level{L}/pass_rate" (sampled) per level; "status/{s}" counts over the
     sampled completions; "n_problems". n_samples = 0 (with ks empty) evaluates greedy pass@1 only.
     prompt_len None: each batch at its own prompt length (see _batched_samples).
+    details: a dict to receive what the metrics were computed from (nothing else changes):
+    "greedy" = (texts [B], verdicts [B]) and, when sampled, "sampled" = (texts [B * n_samples], verdicts),
+    problem-major; texts are the model's replies (completion_for turns one into the graded completion).
     """
     ks = [int(k) for k in ks]
     if any(k < 1 or k > n_samples for k in ks):
@@ -229,7 +233,9 @@ def evaluate(
     out: dict[str, float] = {"n_problems": float(len(problems))}
 
     greedy_texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, 1, True, fmt)
-    _, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
+    greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
+    if details is not None:
+        details["greedy"] = (greedy_texts, greedy_verdicts)
     greedy_ok = greedy_r[:, 0]
     out["pass@1"] = float(greedy_ok.mean())
 
@@ -241,6 +247,8 @@ def evaluate(
     if n_samples > 0 and ks:
         texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt)
         verdicts, r = score_completions(executor, problems, texts, n_samples, deadline_s, fmt)
+        if details is not None:
+            details["sampled"] = (texts, verdicts)
         correct = r.sum(axis=1).astype(int)
         out["pass@1/sampled"] = float(np.mean([pass_at_k(n_samples, c, 1) for c in correct]))
         for k in ks:

@@ -72,6 +72,7 @@ class Run:
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     step_times: list = dataclasses.field(default_factory=list)
     memory_after_steps: dict = dataclasses.field(default_factory=dict)  # memory_metrics() at the last step
+    eval_samplers: dict = dataclasses.field(default_factory=dict)  # {group size: the evaluation's sampler}
 
     def close(self) -> None:
         self.rollout.close()

@@ -241,13 +241,15 @@ def eval_sampler(run: Run, params, key):
 
     def fn(prompt, pmask, n, greedy):
         calls[0] += 1
-        sampler = sampling.make_sampler(
-            run.model,
-            group=n,
-            max_new=ro.max_new_tokens,
-            eos_id=stop_ids(run.tok),
-            pad_id=run.tok.pad_id,
-        )
+        if n not in run.eval_samplers:  # one compiled sampler per group size for the whole run
+            run.eval_samplers[n] = sampling.make_sampler(
+                run.model,
+                group=n,
+                max_new=ro.max_new_tokens,
+                eos_id=stop_ids(run.tok),
+                pad_id=run.tok.pad_id,
+            )
+        sampler = run.eval_samplers[n]
         k = rng_lib.derive(key, calls[0])
         out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
         return run.ctx.host((out.tokens, out.mask))
