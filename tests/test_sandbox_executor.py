@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -13,7 +15,7 @@ import pytest
 
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.problem import Problem
-from grpo_jax.sandbox.executor import Executor
+from grpo_jax.sandbox.executor import Executor, _Slot
 from grpo_jax.sandbox.types import Job, Limits, Status
 from grpo_jax.sandbox.types import TestCase as TC
 
@@ -305,6 +307,42 @@ def test_worker_killed_mid_batch():
         assert any(x.retried for x in v)
         # still healthy afterwards
         assert ex.run([Job(ADD + "# after\n", T_ADD)])[0].passed
+
+
+def test_malformed_requests_give_one_infra_error(ex, monkeypatch):
+    """The zygote parses a request's header only (the job's text goes into memfds, parsed by the child): a
+    broken header or a size beyond its bounds ends the slot (restarted, retried once: infra_error), a
+    malformed payload is the child's set-up error; never a hang, and the slot works afterwards."""
+
+    def raw(header=None, payload=b"", length=None, **sizes):
+        def send(self, req, check=b"", stdin=b""):
+            h = (
+                header
+                or json.dumps({"op": "run", "id": req["id"], "limits": req["limits"], **sizes}).encode()
+            )
+            self.proc.stdin.write(struct.pack("!I", len(h) if length is None else length) + h + payload)
+            self.proc.stdin.flush()
+
+        return send
+
+    bad = {
+        "huge_header_length": raw(b"{", length=1 << 30),
+        "header_not_json": raw(b"{nope"),
+        "header_not_an_object": raw(b"[1, 2]"),
+        "no_payload_len": raw(),
+        "payload_len_beyond_bound": raw(payload_len=1 << 40),
+        "negative_check_len": raw(payload=b"{}", payload_len=2, check_len=-1),
+        "payload_not_json": raw(payload=b"{nope", payload_len=5),
+        "payload_not_an_object": raw(payload=b"[]", payload_len=2),
+    }
+    for name, send in bad.items():
+        with monkeypatch.context() as m:
+            m.setattr(_Slot, "_send_request", send)
+            t0 = time.monotonic()
+            got = ex.run([Job(ADD + f"# {name}\n", T_ADD)])
+        assert [v.status for v in got] == [Status.INFRA_ERROR], (name, got)
+        assert time.monotonic() - t0 < 5, name
+    assert ex.run([Job(ADD + "# after\n", T_ADD)])[0].passed
 
 
 def test_rlimits_only_tier_is_honest():

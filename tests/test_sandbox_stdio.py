@@ -7,7 +7,9 @@ batch. Expected values are literals. docs/SANDBOX.md §3.7 is the specification.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
+import secrets
 import signal
 import threading
 import time
@@ -16,6 +18,7 @@ import mainjob
 import pytest
 
 from grpo_jax.sandbox import grading
+from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Job, Limits, Status
 from grpo_jax.sandbox.types import TestCase as TC
 
@@ -331,6 +334,76 @@ def test_stdio_must_fail(ex):
     assert got["exit_message"].tests[0].error.endswith("stderr: bye")
     assert got["raise_after_print"].tests[0].error.startswith("ValueError: x | stderr: Traceback")
     assert got["steal_expected"].tests[0].error == "token 1: got 'none', expected 'SECRET-1a2b3c4d'"
+
+
+# ------------------------------------------------------------------------------------------------------------
+# an earlier job's source is nowhere in a later child's memory
+# ------------------------------------------------------------------------------------------------------------
+# Every child is a fork of its slot's zygote: whatever of an earlier request the zygote ever held in its own
+# memory (the program, the setup code, the test calls, the check), a later program could copy out of its own
+# address space (another candidate's correct solution). This program collects every "ZYGLEAK" + 32 hex digits
+# in all of its readable memory (the regions of /proc/self/maps, read through /proc/self/mem or in place) at
+# import; seen(h) says whether one whose sha256 is h was there (the hashes name the earlier jobs' tokens
+# without putting them into this program).
+MEMSCAN = r"""
+import ctypes, hashlib, re
+def _scan():
+    pat = re.compile(b"ZYG" + b"LEAK([0-9a-f]{32})")
+    found = set()
+    with open("/proc/self/maps") as f:
+        maps = f.read().splitlines()
+    try:  # a program whose uid was dropped is not dumpable: /proc/self/mem is root's; read in place then
+        mem = open("/proc/self/mem", "rb", buffering=0)
+    except OSError:
+        mem = None
+    for line in maps:
+        addr, perms = line.split()[:2]
+        if "r" not in perms or "[v" in line:
+            continue
+        lo, hi = (int(x, 16) for x in addr.split("-"))
+        for pos in range(lo, hi, 1 << 24):
+            n = min(hi, pos + (1 << 24) + 39) - pos
+            try:
+                if mem is None:
+                    blob = ctypes.string_at(pos, n)
+                else:
+                    mem.seek(pos)
+                    blob = mem.read(n)
+            except (OSError, ValueError, OverflowError):
+                break
+            found.update(hashlib.sha256(m.group(1)).hexdigest() for m in pat.finditer(blob))
+    return found
+FOUND = _scan()
+def seen(h):
+    return h in FOUND
+"""
+
+
+def test_no_earlier_job_source_in_a_later_childs_memory():
+    kinds = ("program", "call", "setup", "check", "stdio_program", "control")
+    tok = {k: secrets.token_hex(16) for k in kinds}
+    mark = {k: "ZYGLEAK" + t for k, t in tok.items()}
+    earlier = [
+        Job(
+            f"# {mark['program']}\ndef f(s):\n    return len(s)\n",
+            (TC(f"f('{mark['call']}')", 39),),
+            setup_code=f"S = '{mark['setup']}'\n",
+            child_check=f"assert f('{mark['check']}') == 39\n",
+        ),
+        Job(f"# {mark['stdio_program']}\nprint(input())\n", (io("1\n", "1\n"),)),
+    ]
+    # the control: its own token is found, so "not seen" means there was none to find
+    scanner = Job(
+        MEMSCAN + f"# {mark['control']}\n",
+        tuple(TC(f"seen('{hashlib.sha256(tok[k].encode()).hexdigest()}')", k == "control") for k in kinds),
+    )
+    with Executor(num_workers=1, limits=Limits(wall_s=5.0, cpu_s=5)) as one:  # one slot: the same zygote
+        assert [v.status for v in one.run(earlier)] == [P, P]
+        (v,) = one.run([scanner])
+    assert len(v.tests) == len(kinds), v
+    leaked = [k for k, t in zip(kinds, v.tests, strict=True) if not t.passed]
+    assert not leaked, f"found in a later child's memory: {leaked} ({v.status}: {v.detail[:200]})"
+    assert v.status is P, v
 
 
 # ------------------------------------------------------------------------------------------------------------

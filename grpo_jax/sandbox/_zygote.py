@@ -11,15 +11,21 @@ fds it got as stdin (requests) and stdout (responses). Namespace modes ("root", 
           kill(-1, SIGKILL) from pid 1 (only reaches this namespace) until no other process is left
           └─ C  unshare(NEWIPC), rlimits, setgroups/setgid/setuid(slot uid) (root mode) or all capabilities
                 dropped (userns mode), no_new_privs, seccomp, cleared env, stdin=/dev/null,
-                stdout+stderr -> output pipe, fd 3 -> result pipe; runs the harness (program, calls, check)
+                stdout+stderr -> output pipe, fd 3 -> result pipe; reads its job (program, setup, calls)
+                from the request's payload memfd and runs the harness (program, calls, check)
                 └─ P  only for a job with a child check: C forks the program's process P before it reads the
                       check text (fd 4); P runs the program and answers C's calls with plain data, C runs
                       the check. P has no result fd, never holds the check, and cannot read C (not dumpable).
 
-A stdin/stdout test ("stdio" request, one per test) is the same C with fd 0 = a sealed memfd holding that
-test's input (read from the request pipe after the frame, through a fixed buffer that is zeroed, never a
-Python object here), fd 1 = its own stdout pipe (returned in full, up to the output cap, as a 4th response
-part) and fd 2 = the output pipe; the harness runs the program as `__main__` as `python3 prog.py` would.
+A request is a small JSON header (id, limits, flags and the sizes of what follows: never any of the job's
+text), then the payload (the program, setup code and test calls as JSON), the check text and a stdio test's
+input, each spliced from the request pipe into its own sealed memfd: the job's text never enters S's memory
+(every later child is a copy of S: no later program can find an earlier one's source, calls or check there).
+C parses the payload, after the fork, in its own memory.
+
+A stdin/stdout test ("stdio" request, one per test) is the same C with fd 0 = the sealed memfd holding that
+test's input, fd 1 = its own stdout pipe (returned in full, up to the output cap, as a 4th response part) and
+fd 2 = the output pipe; the harness runs the program as `__main__` as `python3 prog.py` would.
 
 In the "rlimits" mode there are no namespaces: the zygote forks C directly (new session, temporary work dir),
 and the tree kill is best effort (process group + session sweep).
@@ -98,13 +104,13 @@ PR_SET_CHILD_SUBREAPER = 36
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
 PR_SET_DUMPABLE = 4
-F_SETPIPE_SZ = 1031
 RESULT_FD = 3
 CHECK_FD = 4  # C: the check text (read once P is forked); P: the checker's requests
+# framing sanity bounds (the executor enforces the real limits: Limits.source_bytes, .stdin_bytes, ...)
+MAX_HEADER = 1 << 16  # the request header: limits, sizes, flags (never any of the job's text)
+MAX_PAYLOAD = 1 << 30  # the program, setup code and test calls (JSON)
 MAX_CHECK = 1 << 20
-CHECK_BUF = bytearray(MAX_CHECK)  # the check text passes through here only, and is zeroed after use
-MAX_STDIN = 1 << 30  # framing sanity bound; the executor enforces Limits.stdin_bytes
-STDIN_BUF = bytearray(1 << 20)  # a stdio test's input passes through here into its memfd, then is zeroed
+MAX_STDIN = 1 << 30
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
@@ -547,8 +553,8 @@ def _program_side(req, serve):
 
 # ---------------------------------------------------------------------------------------------------------
 # Child checks in two processes. The program's process P answers calls; the checker C runs the check code on
-# the plain data P returns. C holds the result fd and the check text (read only after P was forked, and never
-# in the zygote's memory as a Python object), and is not dumpable, so P cannot forge C's records, read the
+# the plain data P returns. C holds the result fd and the check text (read only after P was forked, from a
+# memfd the zygote filled without reading it), and is not dumpable, so P cannot forge C's records, read the
 # expected values out of the check, or make the check pass with an object whose methods lie: C never touches
 # an object of P's, only plain values (objects that are not plain data stay in P as opaque references).
 # ---------------------------------------------------------------------------------------------------------
@@ -729,7 +735,7 @@ def _checker(req):
             os.close(to_p_w)
             os.close(from_p_r)
             os.dup2(from_p_w, RESULT_FD)  # P's records go to the checker, never to the zygote
-            os.dup2(to_p_r, CHECK_FD)  # replaces the check pipe: P never had the check text
+            os.dup2(to_p_r, CHECK_FD)  # replaces the check's memfd: P never had the check text
             os.close(from_p_w)
             os.close(to_p_r)
             _prctl(PR_SET_DUMPABLE, 1)
@@ -882,10 +888,18 @@ def _drop_caps():
     _check(_libc.syscall(126, ctypes.byref(hdr), ctypes.byref(data)), "capset")  # SYS_capset
 
 
-def child_c3(req, cfg, out_w, res_w, workdir, check_r=None, stdin_fd=None, stdout_w=None):
-    """The program's process. Ends in harness(), never returns. A stdio test: fd 0 is its input (`stdin_fd`,
-    a sealed memfd), fd 1 its own stdout pipe (`stdout_w`), fd 2 the output pipe."""
+def child_c3(req, cfg, out_w, res_w, workdir, payload_fd, check_fd=None, stdin_fd=None, stdout_w=None):
+    """The program's process. Ends in harness(), never returns. `req` is the request's header; the job itself
+    (program, setup, calls) is read here from `payload_fd` (a sealed memfd S never read). A stdio test: fd 0
+    is its input (`stdin_fd`, a sealed memfd), fd 1 its own stdout pipe (`stdout_w`), fd 2 the output pipe."""
     try:
+        payload = _read_all(payload_fd)
+        os.close(payload_fd)
+        job = json.loads(payload)
+        del payload
+        if type(job) is not dict:
+            raise ValueError("malformed request payload")
+        req = {**job, **req}  # the header's limits, flags and sizes win
         mode = cfg["mode"]
         lim = req["limits"]
         if mode == "rlimits":
@@ -898,8 +912,8 @@ def child_c3(req, cfg, out_w, res_w, workdir, check_r=None, stdin_fd=None, stdou
         os.dup2(stdout_w if stdout_w is not None else out_w, 1)
         os.dup2(out_w, 2)
         os.dup2(res_w, RESULT_FD)
-        if check_r is not None:
-            os.dup2(check_r, CHECK_FD)
+        if check_fd is not None:
+            os.dup2(check_fd, CHECK_FD)
             os.closerange(CHECK_FD + 1, 1 << 16)
         else:
             os.closerange(RESULT_FD + 1, 1 << 16)
@@ -1055,30 +1069,14 @@ def _fresh_tmp(lim, uid):
     )
 
 
-def _check_pipe(n):
-    """A pipe holding the check text (from CHECK_BUF, then zeroed): the forked child inherits the read end but
-    not the bytes, which sit in the kernel's pipe buffer until the checker reads them."""
-    r, w = os.pipe()
-    try:
-        if n > 65536:
-            fcntl.fcntl(w, F_SETPIPE_SZ, n)
-        view = memoryview(CHECK_BUF)[:n]
-        off = 0
-        while off < n:
-            off += os.write(w, view[off:])
-        view.release()
-    finally:
-        CHECK_BUF[:n] = bytes(n)
-        os.close(w)
-    return r
-
-
-def run_job(req, cfg, req_fd, stdin_fd=None):
+def run_job(req, cfg, req_fd, fds):
     """Run one request in a fresh child; (info, parts, memfds): the response parts (result records, output
     excerpt, and for a stdio request its whole stdout) as `_send` segments of memfds, and the memfds to close
-    once sent. What the child writes is spliced from its pipes into those memfds and sent with sendfile: it
-    never enters this process's memory, so no later child (a fork of this process) can find an earlier
-    program's results or output in it (an earlier candidate's answers, another test's output)."""
+    once sent. `req` is the request's header; `fds` holds the request's sealed memfds ("payload", and "check"
+    / "stdin" where the request has them), which go to the child and are closed here (and taken out of
+    `fds`) as soon as it is forked. What the child writes is spliced from its pipes into memfds and sent with
+    sendfile: it never enters this process's memory, so no later child (a fork of this process) can find an
+    earlier program's results or output in it (an earlier candidate's answers, another test's output)."""
     lim = req["limits"]
     mode = cfg["mode"]
     ns = mode != "rlimits"
@@ -1091,7 +1089,6 @@ def run_job(req, cfg, req_fd, stdin_fd=None):
         workdir = "/tmp"
     else:
         workdir = tempfile.mkdtemp(prefix="grpo-sbx-")
-    check_r = _check_pipe(int(req["check_len"])) if req.get("check_len") else None
     res_r, res_w = os.pipe()
     out_r, out_w = os.pipe()
     so_r, so_w = os.pipe() if req.get("stdio") else (None, None)
@@ -1101,13 +1098,13 @@ def run_job(req, cfg, req_fd, stdin_fd=None):
         os.close(out_r)
         if so_r is not None:
             os.close(so_r)
-        child_c3(req, cfg, out_w, res_w, workdir, check_r, stdin_fd, so_w)
+        child_c3(req, cfg, out_w, res_w, workdir, fds["payload"], fds.get("check"), fds.get("stdin"), so_w)
+    for name in list(fds):  # the child has them; S keeps none of the job's text, not even an fd
+        os.close(fds.pop(name))
     os.close(res_w)
     os.close(out_w)
     if so_w is not None:
         os.close(so_w)
-    if check_r is not None:
-        os.close(check_r)
     pidfd = os.pidfd_open(pid)
     sink = {fd: os.memfd_create(name, os.MFD_CLOEXEC) for fd, name in ((res_r, "result"), (out_r, "output"))}
     if so_r is not None:
@@ -1274,43 +1271,78 @@ def _read_exact(fd, n):
     return bytes(buf)
 
 
-def _read_stdin(fd, n):
-    """A stdio test's input that follows a request, into a sealed memfd (through STDIN_BUF, zeroed after;
-    never a bytes or str object here), or None if the executor's pipe ended."""
-    mfd = os.memfd_create("stdin", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    view = memoryview(STDIN_BUF)
-    got = 0
+def _read_memfd(fd, n, name):
+    """The next `n` bytes of the request pipe, spliced into a new sealed memfd (positioned at its start) in
+    the kernel: they never pass through this process's memory (no buffer, no bytes or str object here). None
+    if the pipe ended first."""
+    mfd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
+        got = 0
         while got < n:
-            k = os.readv(fd, [view[: min(n - got, len(view))]])
+            k = os.splice(fd, mfd, min(n - got, 1 << 24))
             if k == 0:
                 os.close(mfd)
                 return None
-            off = 0
-            while off < k:
-                off += os.write(mfd, view[off:k])
             got += k
-    finally:
-        view.release()
-        m = min(n, len(STDIN_BUF))
-        STDIN_BUF[:m] = bytes(m)
-    seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
-    fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, seals)  # the program cannot change its input, even for itself
-    os.lseek(mfd, 0, os.SEEK_SET)
+        seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+        fcntl.fcntl(mfd, fcntl.F_ADD_SEALS, seals)  # the program cannot change its input, even for itself
+        os.lseek(mfd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(mfd)
+        raise
     return mfd
 
 
-def _read_check(fd, n):
-    """The check text that follows a request, into CHECK_BUF (never a bytes or str object here)."""
-    view = memoryview(CHECK_BUF)
-    got = 0
-    while got < n:
-        k = os.readv(fd, [view[got:n]])
-        if k == 0:
-            return False
-        got += k
-    view.release()
-    return True
+def _read_all(fd):
+    """C: the whole of a memfd, from its current position."""
+    chunks = []
+    while True:
+        chunk = os.read(fd, 1 << 20)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _read_request(fd):
+    """The next request: (header, {"payload", "check", "stdin": sealed memfd}); (None, {}) at the end of the
+    pipe, on "quit", or when the framing is broken (the executor then restarts the slot). The header is the
+    only part parsed here: the limits, flags and sizes, never any of the job's text."""
+    hdr = _read_exact(fd, 4)
+    if hdr is None:
+        return None, {}
+    n = struct.unpack("!I", hdr)[0]
+    if n > MAX_HEADER:
+        return None, {}
+    body = _read_exact(fd, n)
+    if body is None:
+        return None, {}
+    try:
+        req = json.loads(body)
+        if type(req) is not dict or req.get("op") == "quit":
+            return None, {}
+        sizes = [
+            ("payload", int(req["payload_len"]), MAX_PAYLOAD),
+            ("check", int(req.get("check_len") or 0), MAX_CHECK),
+            ("stdin", int(req.get("stdin_len") or 0), MAX_STDIN),
+        ]
+        if type(req.get("limits")) is not dict:
+            raise ValueError("no limits")
+    except (ValueError, TypeError, KeyError):
+        return None, {}
+    fds = {}
+    for name, size, cap in sizes:
+        if not 0 <= size <= cap:
+            break
+        if name == "payload" or size or (name == "stdin" and req.get("stdio")):
+            mfd = _read_memfd(fd, size, name)
+            if mfd is None:
+                break
+            fds[name] = mfd
+    else:
+        return req, fds
+    for mfd in fds.values():
+        os.close(mfd)
+    return None, {}
 
 
 def _send(fd, header, *blobs):
@@ -1409,36 +1441,18 @@ def main():
     if not hello["ok"]:
         return
     while True:
-        hdr = _read_exact(req_fd, 4)
-        if hdr is None:
-            break
-        n = struct.unpack("!I", hdr)[0]
-        body = _read_exact(req_fd, n)
-        if body is None:
-            break
-        req = json.loads(body)
-        if req.get("op") == "quit":
-            break
-        n_check = int(req.get("check_len") or 0)
-        if not 0 <= n_check <= MAX_CHECK or not _read_check(req_fd, n_check):
-            break  # the executor broke the framing: end the slot (it restarts us)
-        stdin_fd = None
-        if req.get("stdio"):
-            n_in = int(req.get("stdin_len") or 0)
-            if not 0 <= n_in <= MAX_STDIN:
-                break
-            stdin_fd = _read_stdin(req_fd, n_in)
-            if stdin_fd is None:
-                break
+        req, fds = _read_request(req_fd)
+        if req is None:
+            break  # the executor is gone, said quit, or broke the framing: end the slot (it restarts us)
         memfds = []
         try:
-            info, parts, memfds = run_job(req, cfg, req_fd, stdin_fd)
+            info, parts, memfds = run_job(req, cfg, req_fd, fds)
         except Exception:
             info = {"infra": "zygote: " + traceback.format_exc()[-400:]}
             parts = [b"", b"", b""] if req.get("stdio") else [b"", b""]
         finally:
-            if stdin_fd is not None:
-                os.close(stdin_fd)
+            for mfd in fds.values():  # run_job failed before its fork
+                os.close(mfd)
         info["id"] = req.get("id")
         try:
             _send(resp_fd, info, *parts)

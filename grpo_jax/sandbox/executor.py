@@ -39,6 +39,11 @@ class _WorkerDied(Exception):
     pass
 
 
+# what the zygote reads of a request (with the sizes of what follows); everything else (the program, setup
+# code, test calls, the stop flag) is the payload, which only the child parses
+_HEADER_KEYS = ("op", "id", "limits", "stdio")
+
+
 class _Slot:
     """One zygote process. Used by one thread at a time."""
 
@@ -100,15 +105,31 @@ class _Slot:
                 pass
         self.kill()
 
-    def _write(self, obj: dict, blob: bytes = b"") -> None:
+    def _write(self, obj: dict, *blobs: bytes) -> None:
+        """One request: the length-prefixed JSON header `obj`, then the raw blobs (their sizes are in it)."""
         if not self.alive():
             raise _WorkerDied("zygote not running")
         body = json.dumps(obj, ensure_ascii=True).encode()
         try:
-            self.proc.stdin.write(struct.pack("!I", len(body)) + body + blob)
+            self.proc.stdin.write(struct.pack("!I", len(body)) + body)
+            for blob in blobs:
+                if blob:
+                    self.proc.stdin.write(blob)
             self.proc.stdin.flush()
         except (OSError, ValueError) as e:
             raise _WorkerDied(f"write to zygote failed: {e}") from None
+
+    def _send_request(self, req: dict, check: bytes = b"", stdin: bytes = b"") -> None:
+        """A request to the zygote: a header it parses (id, limits, flags, sizes), then the job's text as raw
+        bytes it never parses: the payload (program, setup code, test calls: JSON, read by the child after
+        the fork), the check text and a stdio test's input (each spliced into a memfd, so that nothing of a
+        job is ever in the zygote's memory, of which every later child is a copy)."""
+        header = {k: req[k] for k in _HEADER_KEYS if k in req}
+        payload = json.dumps(
+            {k: v for k, v in req.items() if k not in _HEADER_KEYS}, ensure_ascii=True
+        ).encode()
+        header.update(payload_len=len(payload), check_len=len(check), stdin_len=len(stdin))
+        self._write(header, payload, check, stdin)
 
     def _read_frame(self, timeout: float, nparts: int) -> list[bytes]:
         assert self.proc is not None and self.proc.stdout is not None
@@ -143,11 +164,10 @@ class _Slot:
         return parts
 
     def execute(self, req: dict, timeout: float, check: bytes = b"") -> tuple[dict, bytes, bytes]:
-        """Run one request. `check` (the child check's text) travels after the JSON frame, not inside it,
-        so that the zygote can keep it out of its own Python objects (see `_zygote._read_check`)."""
+        """Run one request. The program, setup and calls (the payload) and `check` (the child check's text)
+        travel after the header, as raw bytes the zygote never parses (see `_send_request`)."""
         self._next_id += 1
-        req = dict(req, id=self._next_id, check_len=len(check))
-        self._write(req, check)
+        self._send_request(dict(req, id=self._next_id), check=check)
         hdr, res, out = self._read_frame(timeout, 3)
         info = json.loads(hdr)
         if info.get("id") != self._next_id:
@@ -155,11 +175,11 @@ class _Slot:
         return info, res, out
 
     def execute_stdio(self, req: dict, timeout: float, stdin: bytes) -> tuple[dict, bytes, bytes, bytes]:
-        """Run one stdin/stdout test: the input travels after the frame (the zygote streams it into a sealed
-        memfd, never a Python object of its own); (info, records, stderr excerpt, the whole stdout) back."""
+        """Run one stdin/stdout test: the program (the payload) and the input travel after the header (the
+        zygote splices each into a sealed memfd, never into its own memory); (info, records, stderr excerpt,
+        the whole stdout) back."""
         self._next_id += 1
-        req = dict(req, id=self._next_id, check_len=0, stdio=True, stdin_len=len(stdin))
-        self._write(req, stdin)
+        self._send_request(dict(req, id=self._next_id, stdio=True), stdin=stdin)
         hdr, res, out, stdout = self._read_frame(timeout, 4)
         info = json.loads(hdr)
         if info.get("id") != self._next_id:
@@ -167,7 +187,7 @@ class _Slot:
         return info, res, out, stdout
 
 
-MAX_CHECK_BYTES = 1 << 20  # the zygote's check buffer (_zygote.MAX_CHECK)
+MAX_CHECK_BYTES = 1 << 20  # the zygote's bound on a check (_zygote.MAX_CHECK)
 
 
 def _check_bytes(job: Job) -> bytes:
