@@ -217,3 +217,23 @@ def test_signal_flag_sigint_twice_raises():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(1.0)
+
+
+def test_a_reader_leaves_a_save_in_progress_alone(tmp_path):
+    """A writer removes the temporary directory a killed save left behind; a reader (the evaluator or export
+    opening a run that may still be saving) must not."""
+    import time
+
+    tmp = tmp_path / "5.orbax-checkpoint-tmp-1700000000"
+    tmp.mkdir(parents=True)
+
+    def gone_within(seconds):  # orbax removes them in the background after it opens the directory
+        end = time.monotonic() + seconds
+        while tmp.exists() and time.monotonic() < end:
+            time.sleep(0.05)
+        return not tmp.exists()
+
+    with Checkpointer(tmp_path, read_only=True):
+        assert not gone_within(1.0)
+    with Checkpointer(tmp_path):
+        assert gone_within(10.0)

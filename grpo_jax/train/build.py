@@ -100,7 +100,11 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
 
     optimizer = make_optimizer(cfg.optim)
     os.makedirs(cfg.workdir, exist_ok=True)
-    ckpt = Checkpointer(os.path.join(os.path.abspath(cfg.workdir), "checkpoints"), keep=cfg.checkpoint.keep)
+    ckpt = Checkpointer(  # no executor: a run that only opens checkpoints, maybe of a run still saving
+        os.path.join(os.path.abspath(cfg.workdir), "checkpoints"),
+        keep=cfg.checkpoint.keep,
+        read_only=executor is None,
+    )
     batch_sh = sharding.batch_sharding(mesh)
     rollout = make_rollout(cfg, tok, executor, problems.rl, model, param_fn, ctx=ctx, batch_sharding=batch_sh)
     template = state_template(cfg, model, optimizer, rollout, mesh)

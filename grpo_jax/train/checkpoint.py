@@ -109,9 +109,13 @@ class Checkpointer:
 
     keep: how many most recent steps to keep (older ones are deleted after a successful save).
     save_every: `should_save(step)` is true every `save_every` steps (0: only explicit/forced saves).
+    read_only: a reader of another run's checkpoints (the evaluator, export): the temporary directories of
+    saves in progress are left alone (a writer removes those its killed saves left behind).
     """
 
-    def __init__(self, directory: str | os.PathLike, *, keep: int = 3, save_every: int = 0):
+    def __init__(
+        self, directory: str | os.PathLike, *, keep: int = 3, save_every: int = 0, read_only: bool = False
+    ):
         if keep < 1:
             raise ValueError(f"Checkpointer keep={keep}: must be >= 1")
         if save_every < 0:
@@ -129,7 +133,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=True,
-            cleanup_tmp_directories=True,  # remove leftovers of saves killed midway
+            cleanup_tmp_directories=not read_only,  # remove leftovers of saves killed midway
             enable_async_checkpointing=False,
         )
         self._mngr = ocp.CheckpointManager(self.directory, options=options, handler_registry=registry)
