@@ -685,7 +685,7 @@ class Executor:
         if is_stdio(job.tests):
             return self._execute_stdio(slot, job, lim, deadline)
         retried = False
-        for attempt in range(2):
+        for _attempt in range(2):  # a worker death is retried once
             wall = lim.wall_s
             if deadline is not None:
                 left = deadline - time.monotonic()
@@ -696,39 +696,17 @@ class Executor:
                         Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
                     )
                 wall = min(wall, left)
-            time.monotonic()
             try:
-                if not slot.alive():
-                    self._restart(slot)
-                if self._cg_memory[slot.index] != lim.memory_bytes:
-                    self._cg.set_memory(slot.index, lim.memory_bytes)
-                    self._cg_memory[slot.index] = lim.memory_bytes
-                ooms = self._cg.oom_kills(slot.index)
+                ooms = self._ready(slot, lim)
                 info, raw, output = slot.execute(
                     self._request(job, lim, wall), wall + _RESPONSE_SLACK_S, _check_bytes(job)
                 )
             except _WorkerDied as e:
-                with self._lock:
-                    self._counts["worker_deaths"] += 1
-                try:
-                    self._restart(slot)
-                except Exception as e2:
-                    return Verdict(
-                        Status.INFRA_ERROR,
-                        False,
-                        detail=f"worker restart failed: {e2}"[:300],
-                        retried=retried,
-                    )
-                if attempt == 0:
-                    retried = True
-                    with self._lock:
-                        self._counts["retries"] += 1
-                    continue
-                return Verdict(
-                    Status.INFRA_ERROR, False, detail=f"worker died twice: {e}"[:300], retried=True
-                )
-            finally:
-                pass
+                failed = self._after_death(slot, e, retried)
+                if failed is not None:
+                    return failed
+                retried = True
+                continue
             with self._lock:
                 self._counts["executed"] += 1
                 self._counts["leftover"] += int(info.get("leftover") or 0)
@@ -780,35 +758,16 @@ class Executor:
                         )
                     wall = min(wall, left)
                 try:
-                    if not slot.alive():
-                        self._restart(slot)
-                    if self._cg_memory[slot.index] != lim.memory_bytes:
-                        self._cg.set_memory(slot.index, lim.memory_bytes)
-                        self._cg_memory[slot.index] = lim.memory_bytes
-                    ooms = self._cg.oom_kills(slot.index)
+                    ooms = self._ready(slot, lim)
                     info, raw, output, stdout = slot.execute_stdio(
                         self._request(job, lim, wall), wall + _RESPONSE_SLACK_S, stdin
                     )
                     break
                 except _WorkerDied as e:
-                    with self._lock:
-                        self._counts["worker_deaths"] += 1
-                    try:
-                        self._restart(slot)
-                    except Exception as e2:
-                        return Verdict(
-                            Status.INFRA_ERROR,
-                            False,
-                            detail=f"worker restart failed: {e2}"[:300],
-                            retried=retried,
-                        )
-                    if retried:
-                        return Verdict(
-                            Status.INFRA_ERROR, False, detail=f"worker died twice: {e}"[:300], retried=True
-                        )
+                    failed = self._after_death(slot, e, retried)
+                    if failed is not None:
+                        return failed
                     retried = True
-                    with self._lock:
-                        self._counts["retries"] += 1
             with self._lock:
                 self._counts["stdio_test_runs"] += 1
                 self._counts["leftover"] += int(info.get("leftover") or 0)
@@ -827,6 +786,32 @@ class Executor:
         with self._lock:
             self._counts["executed"] += 1
         return grading.stdio_verdict(results, len(job.tests), time.monotonic() - t_job, retried)
+
+    def _ready(self, slot: _Slot, lim: Limits) -> int:
+        """Restart a dead slot, set its cgroup's memory limit; the slot's OOM-kill count before the run."""
+        if not slot.alive():
+            self._restart(slot)
+        if self._cg_memory[slot.index] != lim.memory_bytes:
+            self._cg.set_memory(slot.index, lim.memory_bytes)
+            self._cg_memory[slot.index] = lim.memory_bytes
+        return self._cg.oom_kills(slot.index)
+
+    def _after_death(self, slot: _Slot, e: Exception, retried: bool) -> Verdict | None:
+        """The slot's worker died during a run: restart it; None = run the job once more (the first death),
+        else the job's INFRA_ERROR verdict (a second death, or a restart that failed)."""
+        with self._lock:
+            self._counts["worker_deaths"] += 1
+        try:
+            self._restart(slot)
+        except Exception as e2:
+            return Verdict(
+                Status.INFRA_ERROR, False, detail=f"worker restart failed: {e2}"[:300], retried=retried
+            )
+        if retried:
+            return Verdict(Status.INFRA_ERROR, False, detail=f"worker died twice: {e}"[:300], retried=True)
+        with self._lock:
+            self._counts["retries"] += 1
+        return None
 
     def _restart(self, slot: _Slot) -> None:
         with self._lock:

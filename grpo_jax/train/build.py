@@ -230,45 +230,37 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
     t = cfg.tasks
     fmt = t.prompt
 
-    def fit(name, problems):
-        kept = [q for q in problems if len(tok.encode(render_prompt(tok, q, fmt))) <= t.prompt_len]
+    def fit(name, problems, length, what, flag, limit, fix):
+        kept = [q for q in problems if length(q) <= limit]
+        too_long = f"longer than {flag}={limit} tokens"
         if len(kept) < len(problems):
             print_fn(
-                f"{name}: {len(problems) - len(kept)} of {len(problems)} prompts are longer than "
-                f"--prompt_len={t.prompt_len} tokens and left out"
+                f"{name}: {len(problems) - len(kept)} of {len(problems)} {what} are {too_long} and left out"
             )
         if not kept:
-            raise RunConfigError(
-                f"{name}: no problem's prompt fits in --prompt_len={t.prompt_len} tokens: raise --prompt_len"
-            )
+            raise RunConfigError(f"{name}: all {len(problems)} {what} are {too_long}: {fix}")
         return kept
+
+    def prompts(name, problems):
+        length = lambda q: len(tok.encode(render_prompt(tok, q, fmt)))  # noqa: E731
+        return fit(name, problems, length, "prompts", "--prompt_len", t.prompt_len, "raise --prompt_len")
 
     sft, rl, heldout = p.sft, p.rl, p.heldout
     if t.source in ("file", "codeio"):
-        rl = fit("training problems", rl)
+        rl = prompts("training problems", rl)
         keep = {q.task_id for q in rl}
         sft = [q for q in sft if q.task_id in keep]
         if cfg.sft.steps:  # the warm start's targets (reference + EOS) must fit in the completion length
-            room = cfg.rollout.max_new_tokens - 1
-            fits = [q for q in sft if len(tok.encode(sft_target(q, fmt))) <= room]
-            if len(fits) < len(sft):
-                print_fn(
-                    f"SFT: {len(sft) - len(fits)} of {len(sft)} reference solutions are longer than "
-                    f"--max_new_tokens={cfg.rollout.max_new_tokens} tokens (with EOS) and left out"
-                )
-            if not fits:
-                raise RunConfigError(
-                    f"SFT: no reference solution fits in --max_new_tokens={cfg.rollout.max_new_tokens} "
-                    "tokens: raise it, or --sft_steps=0"
-                )
-            sft = fits
+            length = lambda q: len(tok.encode(sft_target(q, fmt))) + 1  # noqa: E731
+            what, n = "reference solutions (with EOS)", cfg.rollout.max_new_tokens
+            sft = fit("SFT", sft, length, what, "--max_new_tokens", n, "raise it, or --sft_steps=0")
         if len(rl) < cfg.rollout.prompts_per_step:
             raise RunConfigError(
                 f"--prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(rl)} training "
                 "problems that fit"
             )
     if t.eval_data or t.source in ("file", "codeio"):
-        heldout = fit("held-out problems", heldout)
+        heldout = prompts("held-out problems", heldout)
     return Problems(sft, rl, heldout, p.extra)
 
 
