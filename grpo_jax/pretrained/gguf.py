@@ -83,32 +83,53 @@ def _f32(value) -> float:
     return float(str(np.float32(value)))
 
 
-def _required(reader, path: str, key: str) -> Any:
-    value = field_value(reader, key)
-    if value is None:
-        raise _fail(path, f"metadata field {key!r} is missing (required to build the transformer config)")
-    return value
+def _number(path: str, key: str, value: Any, kind: type = int):
+    """int / float of a metadata value, or one ValueError naming the file and the field."""
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        valid = "an integer" if kind is int else "a number"
+        raise _fail(path, f"metadata field {key!r}={value!r} (valid: {valid})")
+    return kind(value)
 
 
 def read_config(reader, path: str, dtype: str = "float32") -> TransformerConfig:
-    """The TransformerConfig a GGUF describes (see the module docstring for the key mapping)."""
+    """The TransformerConfig a GGUF describes (see the module docstring for the key mapping); one ValueError
+    naming the file and the field for metadata it cannot hold."""
+    try:
+        return _read_config(reader, path, dtype)
+    except ValueError as e:
+        if str(e).startswith(f"{path}: "):
+            raise
+        raise _fail(path, f"the metadata describe no valid model ({e})") from None
+
+
+def _read_config(reader, path: str, dtype: str) -> TransformerConfig:
+    def num(key: str, default: Any = None, kind: type = int):
+        value = field_value(reader, key, default)
+        if value is None:
+            raise _fail(path, f"metadata field {key!r} is missing (required to build the transformer config)")
+        return _number(path, key, value, kind)
+
     arch = field_value(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHITECTURES:
         raise _fail(
             path,
             f"general.architecture={arch!r} is not supported (valid: {', '.join(SUPPORTED_ARCHITECTURES)})",
         )
-    n_layers = int(_required(reader, path, f"{arch}.block_count"))
-    d_model = int(_required(reader, path, f"{arch}.embedding_length"))
-    d_ff = int(_required(reader, path, f"{arch}.feed_forward_length"))
-    n_heads = int(_required(reader, path, f"{arch}.attention.head_count"))
-    n_kv_heads = int(field_value(reader, f"{arch}.attention.head_count_kv", n_heads))
-    rms_eps = _f32(_required(reader, path, f"{arch}.attention.layer_norm_rms_epsilon"))
-    rope_theta = _f32(field_value(reader, f"{arch}.rope.freq_base", 10000.0))
-    key_len = field_value(reader, f"{arch}.attention.key_length")
-    value_len = field_value(reader, f"{arch}.attention.value_length")
-    rot_dim = field_value(reader, f"{arch}.rope.dimension_count")
-    head_dim = int(key_len if key_len is not None else rot_dim if rot_dim is not None else d_model // n_heads)
+    n_layers = num(f"{arch}.block_count")
+    d_model = num(f"{arch}.embedding_length")
+    d_ff = num(f"{arch}.feed_forward_length")
+    n_heads = num(f"{arch}.attention.head_count")
+    if n_heads <= 0:
+        raise _fail(path, f"metadata field '{arch}.attention.head_count'={n_heads} (valid: an integer > 0)")
+    n_kv_heads = num(f"{arch}.attention.head_count_kv", n_heads)
+    rms_eps = _f32(num(f"{arch}.attention.layer_norm_rms_epsilon", kind=float))
+    rope_theta = _f32(num(f"{arch}.rope.freq_base", 10000.0, float))
+    opt = {k: field_value(reader, f"{arch}.{k}") for k in ("attention.key_length", "attention.value_length")}
+    opt["rope.dimension_count"] = field_value(reader, f"{arch}.rope.dimension_count")
+    key_len, value_len, rot_dim = (
+        None if v is None else _number(path, f"{arch}.{k}", v) for k, v in opt.items()
+    )
+    head_dim = key_len if key_len is not None else rot_dim if rot_dim is not None else d_model // n_heads
     if value_len is not None and int(value_len) != head_dim:
         raise _fail(
             path,
@@ -122,7 +143,7 @@ def read_config(reader, path: str, dtype: str = "float32") -> TransformerConfig:
             "embeddings are not supported (valid: rope.dimension_count == head dim)",
         )
     scaling = field_value(reader, f"{arch}.rope.scaling.type")
-    factor = field_value(reader, f"{arch}.rope.scaling.factor", 1.0)
+    factor = num(f"{arch}.rope.scaling.factor", 1.0, float)
     if scaling not in (None, "none") and not (scaling == "linear" and float(factor) == 1.0):
         raise _fail(
             path,

@@ -10,7 +10,9 @@ rope_theta inside the dict or at the top level, Qwen2's head_dim = hidden/heads 
 128). What the model cannot represent is refused with one `HFConfigError` (a grpo_jax.errors.ConfigError, so
 a ValueError) naming the config.json field and its value: sliding-window attention in use, MLP biases, RoPE
 types other than default / llama3, partial rotary, activations other than silu, MoE, quantized weights,
-other model_types. A missing, unexpected or mis-shaped tensor is a `CheckpointError` naming the tensor.
+other model_types. A missing, unexpected or mis-shaped tensor, or one of a non-float dtype, is a
+`CheckpointError` naming the tensor; a config.json or index that is not a JSON object, or a field of the
+wrong JSON type, names the file (and the field).
 
 Family differences (transformers models/*/modeling_*.py):
 * llama: `attention_bias` biases q, k, v AND o (LlamaAttention) -> qkv_bias = o_bias = attention_bias;
@@ -186,7 +188,34 @@ def _rope(hf: dict, file: str, max_pos: int, layer_types: list[str]) -> tuple[fl
 def config_from_hf(
     hf: dict, *, param_dtype: str = "float32", file: str = "config.json"
 ) -> tfm.TransformerConfig:
-    """The TransformerConfig of a Hugging Face config.json dict (llama / qwen2 / qwen3), or HFConfigError."""
+    """The TransformerConfig of a Hugging Face config.json dict (llama / qwen2 / qwen3), or HFConfigError
+    naming the field (a value of the wrong type included); CheckpointError for a file that is not a JSON
+    object or is malformed otherwise."""
+    if not isinstance(hf, dict):
+        raise CheckpointError(
+            f"{file}: a JSON {type(hf).__name__}, not an object (valid: a Hugging Face config.json)"
+        )
+    try:
+        return _config_from_hf(hf, param_dtype, file)
+    except (HFConfigError, CheckpointError):
+        raise
+    except (TypeError, ValueError, AttributeError, KeyError) as e:  # a field of an unexpected JSON type
+        raise CheckpointError(f"{file}: malformed config.json ({type(e).__name__}: {e})") from None
+
+
+def _number(file: str, key: str, value: Any, kind: type = int):
+    """int / float of a config.json value, or HFConfigError naming the field."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise HFConfigError(file, key, value, f"expected {'an integer' if kind is int else 'a number'}")
+    try:
+        return kind(value)
+    except ValueError:
+        raise HFConfigError(
+            file, key, value, f"expected {'an integer' if kind is int else 'a number'}"
+        ) from None
+
+
+def _config_from_hf(hf: dict, param_dtype: str, file: str) -> tfm.TransformerConfig:
     mt = hf.get("model_type")
     if mt not in FAMILIES:
         raise HFConfigError(
@@ -200,6 +229,9 @@ def config_from_hf(
 
     def get(k):
         return hf.get(k, d.get(k))
+
+    def num(k, kind=int):
+        return _number(file, k, get(k), kind)
 
     if hf.get("quantization_config"):
         raise HFConfigError(
@@ -218,7 +250,7 @@ def config_from_hf(
         raise HFConfigError(
             file, "mlp_bias", hf["mlp_bias"], "MLP biases are not representable; valid: false"
         )
-    n_layers = int(get("num_hidden_layers"))
+    n_layers = num("num_hidden_layers")
     layer_types = hf.get("layer_types")
     if mt in ("qwen2", "qwen3"):
         # Qwen2Config / Qwen3Config.__post_init__: the window is used only with use_sliding_window, on the
@@ -243,12 +275,11 @@ def config_from_hf(
     odd = sorted({t for t in layer_types if t != "full_attention"})
     if odd:
         raise HFConfigError(file, "layer_types", odd, "valid: 'full_attention' on every layer")
-    d_model, n_heads = int(get("hidden_size")), int(get("num_attention_heads"))
-    n_kv = get("num_key_value_heads")
-    n_kv = n_heads if n_kv is None else int(n_kv)
-    head_dim = get("head_dim")
-    head_dim = None if head_dim is None or int(head_dim) * n_heads == d_model else int(head_dim)
-    max_pos = int(get("max_position_embeddings"))
+    d_model, n_heads = num("hidden_size"), num("num_attention_heads")
+    n_kv = n_heads if get("num_key_value_heads") is None else num("num_key_value_heads")
+    head_dim = None if get("head_dim") is None else num("head_dim")
+    head_dim = None if head_dim is None or head_dim * n_heads == d_model else head_dim
+    max_pos = num("max_position_embeddings")
     theta, scaling = _rope(hf, file, max_pos, layer_types)
     if mt == "qwen2":
         qkv_bias, o_bias = True, False
@@ -256,15 +287,15 @@ def config_from_hf(
         qkv_bias = o_bias = bool(get("attention_bias"))
     try:
         return tfm.TransformerConfig(
-            vocab_size=int(get("vocab_size")),
+            vocab_size=num("vocab_size"),
             d_model=d_model,
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            d_ff=int(get("intermediate_size")),
+            d_ff=num("intermediate_size"),
             head_dim=head_dim,
             rope_theta=theta,
-            rms_eps=float(get("rms_norm_eps")),
+            rms_eps=num("rms_norm_eps", float),
             qkv_bias=qkv_bias,
             tie_embeddings=bool(get("tie_word_embeddings")),
             param_dtype=param_dtype,
@@ -430,9 +461,8 @@ def _open_tensors(path: str) -> dict[str, np.ndarray]:
     index = os.path.join(path, "model.safetensors.index.json")
     single = os.path.join(path, "model.safetensors")
     if os.path.exists(index):
-        with open(index) as fh:
-            weight_map = json.load(fh).get("weight_map")
-        if not isinstance(weight_map, dict):
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
             raise CheckpointError(f"{index}: no 'weight_map' {{tensor: shard file}}")
         tensors: dict[str, np.ndarray] = {}
         for shard in sorted(set(weight_map.values())):
@@ -458,6 +488,18 @@ def _open_tensors(path: str) -> dict[str, np.ndarray]:
     )
 
 
+def _read_json(file: str) -> dict:
+    """The JSON object of `file`; CheckpointError naming it when it is not valid JSON or not an object."""
+    try:
+        with open(file, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{file}: a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def _dtype_name(dtype) -> str | None:
     if dtype is None:
         return None
@@ -480,9 +522,11 @@ def load_hf(path: str, dtype=None, *, shardings: Any = None) -> tuple[tfm.Transf
     Tensors are memory-mapped and each is read once, into its stacked [L, ...] host buffer, then placed."""
     cfg_file = os.path.join(path, "config.json")
     if not os.path.exists(cfg_file):
-        raise CheckpointError(f"{path}: no config.json")
-    with open(cfg_file) as fh:
-        hf = json.load(fh)
+        raise CheckpointError(
+            f"{path}: no config.json (valid: a Hugging Face checkpoint directory with config.json and "
+            "model.safetensors or model.safetensors.index.json + shards)"
+        )
+    hf = _read_json(cfg_file)
     tensors = _open_tensors(path)
     target = _dtype_name(dtype)
     if target is None:
@@ -492,6 +536,10 @@ def load_hf(path: str, dtype=None, *, shardings: Any = None) -> tuple[tfm.Transf
     np_dt = jnp.dtype(target)
 
     def check(name, arr, shape, transpose):
+        if arr.dtype.name not in _DTYPES:
+            raise CheckpointError(
+                f"{path}: tensor {name!r} has dtype {arr.dtype.name} (valid: {', '.join(_DTYPES)})"
+            )
         hf_shape = tuple(reversed(shape)) if transpose else tuple(shape)
         if tuple(arr.shape) != hf_shape:
             raise CheckpointError(

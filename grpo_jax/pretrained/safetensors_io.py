@@ -36,7 +36,8 @@ _MAX_HEADER = 100_000_000  # the reference implementation's limit
 
 
 class SafetensorsError(ValueError):
-    """A file that is not valid safetensors, or a dtype this reader does not know; names the file."""
+    """A file that is not valid safetensors (truncated, a garbled header), or a dtype this reader does not
+    know; names the file and what is wrong."""
 
 
 def read_header(path: str) -> tuple[dict[str, dict], dict[str, str], int]:
@@ -48,12 +49,39 @@ def read_header(path: str) -> tuple[dict[str, dict], dict[str, str], int]:
         (n,) = struct.unpack("<Q", raw)
         if n > _MAX_HEADER:
             raise SafetensorsError(f"{path}: header length {n} > {_MAX_HEADER}: not a safetensors file")
+        raw = f.read(n)
+        if len(raw) < n:
+            raise SafetensorsError(
+                f"{path}: header of {n} bytes but the file ends after {8 + len(raw)} (truncated, or not a "
+                "safetensors file)"
+            )
         try:
-            header = json.loads(f.read(n))
+            header = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise SafetensorsError(f"{path}: header is not JSON ({e}): not a safetensors file") from e
+    if not isinstance(header, dict):
+        raise SafetensorsError(
+            f"{path}: header is JSON {type(header).__name__}, not an object {{tensor: entry}}: "
+            "not a safetensors file"
+        )
     meta = header.pop("__metadata__", None) or {}
     return header, meta, 8 + n
+
+
+def _entry(path: str, name: str, e: Any) -> tuple[str, tuple[int, ...], int, int]:
+    """(dtype code, shape, begin, end) of a header entry; SafetensorsError for one that is malformed."""
+    try:
+        code, shape, (b, end) = e["dtype"], e["shape"], e["data_offsets"]
+        if not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            raise ValueError
+        if not (isinstance(b, int) and isinstance(end, int) and 0 <= b <= end):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise SafetensorsError(
+            f"{path}: tensor {name!r} has a malformed header entry {str(e)[:200]} (valid: "
+            '{"dtype": str, "shape": [ints >= 0], "data_offsets": [begin, end]}): not a safetensors file'
+        ) from None
+    return code, tuple(shape), b, end
 
 
 def read(path: str) -> dict[str, np.ndarray]:
@@ -62,17 +90,20 @@ def read(path: str) -> dict[str, np.ndarray]:
     size = os.path.getsize(path)
     out: dict[str, np.ndarray] = {}
     for name, e in header.items():
-        code = e.get("dtype")
+        code, shape, b, end = _entry(path, name, e)
         if code not in _DTYPES:
             raise SafetensorsError(f"{path}: tensor {name!r} has dtype {code!r}; readable: {sorted(_DTYPES)}")
         dt = _DTYPES[code]
-        shape = tuple(int(s) for s in e["shape"])
-        b, end = (int(x) for x in e["data_offsets"])
         count = int(np.prod(shape, dtype=np.int64))
-        if end - b != count * dt.itemsize or start + end > size:
+        if end - b != count * dt.itemsize:
             raise SafetensorsError(
                 f"{path}: tensor {name!r} offsets {b}..{end} do not match shape {shape} x {code} "
-                f"(file of {size} bytes)"
+                f"({count * dt.itemsize} bytes)"
+            )
+        if start + end > size:
+            raise SafetensorsError(
+                f"{path}: tensor {name!r} needs bytes {start + b}..{start + end} but the file has {size} "
+                "(truncated)"
             )
         if count == 0:
             out[name] = np.zeros(shape, dt)

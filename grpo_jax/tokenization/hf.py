@@ -182,6 +182,20 @@ def _compile_template(template: str):
     return env.from_string(template)
 
 
+def _check_template(template: str | None, where: str) -> None:
+    """A chat template that does not compile is an error when the tokenizer is loaded (ValueError naming
+    `where`), not when the first prompt is rendered."""
+    if template is None:
+        return
+    import jinja2
+
+    try:
+        _compile_template(template)
+    except jinja2.exceptions.TemplateError as e:
+        line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise ValueError(f"{where}: not a valid Jinja template ({e.message or e}{line})") from None
+
+
 def render_chat_template(
     template: str,
     messages: Sequence[Mapping[str, Any]],
@@ -289,7 +303,10 @@ class HFTokenizer:
         tj = os.path.join(path, "tokenizer.json")
         if not os.path.isfile(tj):
             raise FileNotFoundError(f"{path}: no tokenizer.json (valid: a directory with tokenizer.json)")
-        backend = Backend.from_file(tj)
+        try:
+            backend = Backend.from_file(tj)
+        except Exception as e:  # tokenizers raises a bare Exception for a file it cannot parse
+            raise ValueError(f"{tj}: not a valid tokenizer.json ({e})") from None
 
         def read(name) -> dict:
             p = os.path.join(path, name)
@@ -338,10 +355,13 @@ class HFTokenizer:
         if os.path.isfile(jinja_file):
             with open(jinja_file, encoding="utf-8") as f:
                 template = f.read()
+            where = jinja_file
         else:
             template = config.get("chat_template")
+            where = f"{os.path.join(path, 'tokenizer_config.json')}: chat_template"
             if template is None:
                 template = read("chat_template.json").get("chat_template")
+                where = f"{os.path.join(path, 'chat_template.json')}: chat_template"
             if isinstance(template, list):
                 named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
                 if "default" not in named:
@@ -351,7 +371,8 @@ class HFTokenizer:
                     )
                 template = named["default"]
             if template is not None and not isinstance(template, str):
-                raise ValueError(f"{path}: chat_template is {type(template).__name__} (valid: a string)")
+                raise ValueError(f"{where} is {type(template).__name__} (valid: a string)")
+        _check_template(template, where)
         return cls(backend, special_tokens=special, chat_template=template, extra_eos_ids=extra, source=path)
 
     @classmethod
@@ -363,7 +384,10 @@ class HFTokenizer:
         path = os.fspath(path)
         reader = open_gguf(path)
         meta = {k: field_value(reader, k) for k in reader.fields if k.startswith("tokenizer.")}
-        backend = build_gguf_backend(meta, path, pre_tokenizer)
+        try:
+            backend = build_gguf_backend(meta, path, pre_tokenizer)
+        except (TypeError, AttributeError) as e:  # a metadata value of an unexpected type
+            raise ValueError(f"{path}: malformed tokenizer.* metadata ({type(e).__name__}: {e})") from None
         tokens = meta["tokenizer.ggml.tokens"]
         special: dict[str, str] = {}
         for attr, key in (
@@ -382,6 +406,11 @@ class HFTokenizer:
             int(meta[k]) for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta
         ]
         template = meta.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):
+            raise ValueError(
+                f"{path}: tokenizer.chat_template is {type(template).__name__} (valid: a string)"
+            )
+        _check_template(template, f"{path}: tokenizer.chat_template")
         return cls(backend, special_tokens=special, chat_template=template, extra_eos_ids=extra, source=path)
 
     # -- the interface -----------------------------------------------------------------------------------
@@ -526,16 +555,21 @@ def build_gguf_backend(meta: Mapping[str, Any], path: str = "<gguf>", pre_tokeni
                 f"{path}: tokenizer.ggml.merges[{n}]={m!r} (valid: two tokens separated by one space)"
             )
         pairs.append((parts[0], parts[1]))
-    backend = Backend(
-        models.BPE(
-            vocab=vocab,
-            merges=pairs,
-            dropout=None,
-            continuing_subword_prefix="",
-            end_of_word_suffix="",
-            fuse_unk=False,
+    try:
+        backend = Backend(
+            models.BPE(
+                vocab=vocab,
+                merges=pairs,
+                dropout=None,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+            )
         )
-    )
+    except (
+        Exception
+    ) as e:  # tokenizers raises a bare Exception (e.g. a merge of tokens not in the vocabulary)
+        raise ValueError(f"{path}: tokenizer.ggml.tokens / merges are not a BPE vocabulary ({e})") from None
     rule = _PRE_TOKENIZERS[pre]
     if rule == "digits+gpt2" and pre_tokenizer == "transformers":
         rule = "gpt2"  # transformers' GGUF converter has no digit split for these (module docstring)

@@ -10,6 +10,7 @@ In a multi-process run every process builds the same; only process 0 prints.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -89,6 +90,7 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     problems = problem_sets(cfg, executor)
     tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     problems = fit_prompts(cfg, tok, problems, print_fn)
+    check_chat_template(cfg, tok, problems)
     if executor is not None and cfg.sandbox.time_limits == "reference":
         problems = reference_limits(cfg, executor, problems, print_fn, ctx)
     print_fn(tasks_line(cfg, problems, executor))
@@ -264,6 +266,27 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
     return Problems(sft, rl, heldout, p.extra)
 
 
+def check_chat_template(cfg: RunConfig, tok, p: Problems) -> None:
+    """Chat prompts: the tokenizer's chat template renders the first training prompt, or RunConfigError
+    naming the tokenizer (a template that compiles but fails on a prompt, or none at all), before anything
+    is written (the first render is otherwise the evaluation after the warm start)."""
+    if cfg.tasks.prompt.kind != "chat" or not p.rl:
+        return
+    import jinja2
+
+    from grpo_jax.codegen.pipeline import render_prompt
+
+    source = tokenizer_flag(cfg) or "the procedural tokenizer"
+    try:
+        render_prompt(tok, p.rl[0], cfg.tasks.prompt)
+    except (ValueError, TypeError, jinja2.TemplateError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__
+        raise RunConfigError(
+            f"--prompt_format=chat: the chat template of {source} does not render a prompt "
+            f"({type(e).__name__}: {msg})"
+        ) from None
+
+
 def load_data(cfg: RunConfig, path: str, grade_tests: str) -> list:
     """The problems of a --train_data / --eval_data file (grpo_jax.codegen.formats); a bad file is one
     RunConfigError naming the file, line and field."""
@@ -332,6 +355,26 @@ def reference_limits(cfg: RunConfig, executor: Executor, p: Problems, print_fn, 
     return Problems(p.sft, out[0], out[1], dict(zip(p.extra, out[2:], strict=True)))
 
 
+def tokenizer_flag(cfg: RunConfig) -> str | None:
+    """The flag whose file the run's tokenizer comes from (--tokenizer, else --init_from), or None."""
+    m = cfg.model
+    return (
+        f"--tokenizer={m.tokenizer}" if m.tokenizer else f"--init_from={m.init_from}" if m.init_from else None
+    )
+
+
+@contextlib.contextmanager
+def input_file(flag: str):
+    """Loading the file(s) of `flag`: the loaders' errors for a bad file (ValueError / OSError naming the
+    file and what is valid: truncated, garbled, not JSON, the wrong dtype or shape, a missing shard) become
+    one RunConfigError "--flag=value: <what is wrong>", raised before anything is written to the workdir."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        msg = " ".join(str(e).split()) or type(e).__name__  # one line
+        raise RunConfigError(f"{flag}: {msg}") from None
+
+
 def model_and_tokenizer(cfg: RunConfig, print_fn=print):
     """(tokenizer, TransformerConfig, pretrained params or None): the checkpoint of --init_from with its own
     tokenizer, or a fresh model of cfg.model's shape over the procedural tokenizer (or --tokenizer)."""
@@ -340,13 +383,15 @@ def model_and_tokenizer(cfg: RunConfig, print_fn=print):
     if m.tokenizer or m.init_from:
         from grpo_jax.pretrained.api import load_tokenizer
 
-        tok = load_tokenizer(m.tokenizer or m.init_from)
+        with input_file(tokenizer_flag(cfg)):
+            tok = load_tokenizer(m.tokenizer or m.init_from)
     if not m.init_from:
         return tok, model_config(cfg, tok), None
     from grpo_jax.pretrained.api import load_pretrained
 
     t0 = time.perf_counter()
-    model, params = load_pretrained(m.init_from)
+    with input_file(f"--init_from={m.init_from}"):
+        model, params = load_pretrained(m.init_from)
     model = dataclasses.replace(
         model,
         compute_dtype=m.compute_dtype,
