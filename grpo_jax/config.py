@@ -563,6 +563,16 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
         lambda s: f"--sandbox_time_limits={s.time_limits}",
         ("time_limit_floor_s", "time_limit_factor"),
     ),
+    # ---- the run
+    Mechanism(
+        "resume",
+        "",
+        "--resume",
+        "resuming from the workdir's checkpoints",
+        lambda c: c.resume,
+        lambda c: "--noresume",
+        ("resume_from",),
+    ),
 )
 
 
@@ -1748,6 +1758,7 @@ class DistConfig:
 RESUMABLE_CHANGES = (
     "workdir",
     "resume",
+    "resume_from",
     "steps",
     "eval.every",
     "checkpoint.every",
@@ -1814,7 +1825,16 @@ class RunConfig:
     FLAG_PREFIX: ClassVar[str] = ""
     workdir: str = opt("", "Run directory: checkpoints, TensorBoard events, metrics.jsonl, results.json.")
     seed: int = opt(0, "Seed of the task suite, the model init and every PRNG stream.")
-    resume: bool = opt(True, "Resume from the workdir's latest checkpoint if there is one.")
+    resume: bool = opt(
+        True,
+        "Resume from the workdir's newest intact checkpoint if there is one (a corrupt newer step, whose "
+        "files differ from the checksums recorded when it was saved, is reported and skipped).",
+    )
+    resume_from: int | None = opt(
+        None,
+        "Resume from this checkpoint step of the workdir (none = the newest intact one); a step that is not "
+        "there or is corrupt is an error listing the intact steps.",
+    )
     steps: int = opt(50, "GRPO steps.")
     preset: str = opt(
         "",
@@ -1843,6 +1863,8 @@ class RunConfig:
         if not self.workdir.strip():
             fail(self, "workdir", "a run directory is required")
         _positive(self, ("steps",), strict=False)
+        if self.resume_from is not None and self.resume_from < 0:
+            fail(self, "resume_from", "must be >= 0 (a checkpoint step), or none for the newest intact one")
         if self.sft.steps is None and self.model.init_from:  # the no-SFT default would silently ignore them
             for path in _SFT_SETTINGS:
                 if get_path(self, path) != _field_default(self, path):

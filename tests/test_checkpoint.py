@@ -1,4 +1,5 @@
-"""Checkpointer (orbax) and SignalFlag: exact resumption, None leaves, partial saves, mismatch errors."""
+"""Checkpointer (orbax) and SignalFlag: exact resumption, None leaves, partial saves, mismatch errors, and
+checksums (corrupt steps skipped and reported, an explicit step, rotation never leaving only corrupt ones)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from grpo_jax.config import ControllerConfig, ObjectiveConfig, OptimConfig
 from grpo_jax.envs import token_task
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
-from grpo_jax.train.checkpoint import Checkpointer, CheckpointMismatchError, SignalFlag
+from grpo_jax.train.checkpoint import (
+    CheckpointCorruptError,
+    Checkpointer,
+    CheckpointMismatchError,
+    SignalFlag,
+)
 from grpo_jax.train.state import init_state, make_optimizer
 from grpo_jax.train.step import make_train_step
 from grpo_jax.types import batch_from_samples
@@ -237,3 +243,107 @@ def test_a_reader_leaves_a_save_in_progress_alone(tmp_path):
         assert not gone_within(1.0)
     with Checkpointer(tmp_path):
         assert gone_within(10.0)
+
+
+# -- integrity: checksums recorded at save, verified at restore --------------------------------------------
+def _chunks(step_dir):
+    """The data files of a step's state item (TensorStore / OCDBT chunks), largest first."""
+    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return sorted(files, key=lambda p: (-p.stat().st_size, p.name))
+
+
+def _overwrite(path, n=None):
+    """Garbage of the same size over a file (or truncated to n bytes)."""
+    size = path.stat().st_size
+    path.write_bytes(b"\xa5" * (size if n is None else n))
+
+
+def _three_steps(tmp_path, keep=3):
+    a = fresh_state(0, obj=ObjectiveConfig(kl_coef=0.0))
+    states = {i: a.replace(params=jax.tree.map(lambda x, i=i: x + float(i), a.params)) for i in (1, 2, 3)}
+    with Checkpointer(tmp_path, keep=keep) as ckpt:
+        for i, s in states.items():
+            assert ckpt.save(i, s, {"at": i}, force=True)
+    for i in list(states)[-keep:]:
+        assert (tmp_path / str(i) / "grpo_checksums.json").is_file()
+    return a, {i: to_host(s) for i, s in states.items()}
+
+
+def test_a_corrupt_latest_step_is_skipped_and_reported(tmp_path):
+    template, states = _three_steps(tmp_path)
+    for f in _chunks(tmp_path / "3")[:3]:  # three chunk files of the newest step overwritten with garbage
+        _overwrite(f)
+    _overwrite(_chunks(tmp_path / "2")[0], n=10)  # and one of step 2 truncated
+    with Checkpointer(tmp_path) as ckpt:
+        assert ckpt.all_steps() == [1, 2, 3] and ckpt.intact_steps() == [1]
+        why3, why2 = ckpt.check(3), ckpt.check(2)
+        assert why3.startswith("3 of ") and "files damaged: state/" in why3
+        assert "SHA-256 differs" in why3 and "1 more" in why3
+        assert "10 bytes" in why2 and "when saved" in why2
+        state, host = ckpt.restore(template)
+        assert host == {"at": 1}
+        assert_trees_equal(to_host(state), states[1])
+        assert ckpt.last_restore.step == 1
+        assert ckpt.last_restore.skipped == ((3, why3), (2, why2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]  # nothing deleted
+
+
+def test_resume_from_a_step_and_the_errors_that_list_the_intact_steps(tmp_path):
+    template, states = _three_steps(tmp_path)
+    _overwrite(_chunks(tmp_path / "3")[0])
+    with Checkpointer(tmp_path) as ckpt:
+        state, host = ckpt.restore(template, step=2)
+        assert host == {"at": 2} and ckpt.last_restore.step == 2
+        assert_trees_equal(to_host(state), states[2])
+        with pytest.raises(
+            CheckpointCorruptError, match=r"step 3 .* is corrupt \(1 of .*intact steps: \[1, 2\]$"
+        ):
+            ckpt.restore(template, step=3)
+        with pytest.raises(FileNotFoundError, match=r"step 7 not found .*intact steps: \[1, 2\]$"):
+            ckpt.restore(template, step=7)
+    for i in (1, 2):
+        _overwrite(_chunks(tmp_path / str(i))[-1])
+    with Checkpointer(tmp_path) as ckpt:
+        with pytest.raises(
+            CheckpointCorruptError, match=r"^no intact checkpoint in .*step 3: .*step 2: .*step 1: "
+        ):
+            ckpt.restore(template)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]  # nothing deleted
+
+
+def test_steps_without_checksums_are_trusted_unless_unreadable(tmp_path):
+    """Steps saved before checksums were recorded restore as before; one that cannot be read is skipped."""
+    template, states = _three_steps(tmp_path)
+    for i in (1, 2, 3):
+        (tmp_path / str(i) / "grpo_checksums.json").unlink()
+    with Checkpointer(tmp_path) as ckpt:
+        assert ckpt.intact_steps() == [1, 2, 3]
+        assert ckpt.restore(template)[1] == {"at": 3}
+    for f in _chunks(tmp_path / "3"):
+        _overwrite(f, n=5)
+    with Checkpointer(tmp_path) as ckpt:
+        state, host = ckpt.restore(template)
+        assert host == {"at": 2}
+        assert_trees_equal(to_host(state), states[2])
+        ((step, why),) = ckpt.last_restore.skipped
+        assert step == 3 and why.startswith("unreadable, and saved without checksums: ")
+
+
+def test_rotation_never_leaves_only_corrupt_steps(tmp_path):
+    """keep=1: a corrupt newer step does not count; the step just saved and older intact ones are what is
+    kept; a corrupt step is written anew when its step is saved again."""
+    template, states = _three_steps(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3"]
+    with Checkpointer(tmp_path, keep=1) as ckpt:
+        s = ckpt.restore(template)[0]
+        assert ckpt.save(5, s, {"at": 5}, force=True) and ckpt.all_steps() == [5]
+        _overwrite(_chunks(tmp_path / "5")[0])
+    with Checkpointer(tmp_path, keep=1) as ckpt:
+        with pytest.raises(CheckpointCorruptError):  # step 5 corrupt, nothing else: nothing deleted
+            ckpt.restore(template)
+        assert ckpt.save(4, s, {"at": 4}, force=True)
+        assert ckpt.all_steps() == [4, 5]  # the corrupt 5 stays for inspection; 4 (intact) is kept
+        assert ckpt.should_save(5) is False  # save_every=0; a forced save of 5 replaces the corrupt one
+        assert ckpt.save(5, s, {"at": 5}, force=True)
+        assert ckpt.all_steps() == [5] and ckpt.intact_steps() == [5]
+        assert ckpt.restore(template)[1] == {"at": 5}

@@ -110,6 +110,35 @@ def test_sigkill_and_resume_is_bit_identical(uninterrupted, tmp_path):
     assert sorted(mainjob.metrics(wd)) == [1, 2, 3, 4, 5, 6]  # each step once
 
 
+def test_a_corrupt_newest_checkpoint_is_skipped_and_the_resume_is_bit_identical(uninterrupted, ex, tmp_path):
+    """Three chunk files of the newest checkpoint (step 4) overwritten with garbage: --resume_from=4 is one
+    error listing the intact steps; the plain rerun says so in one line, resumes from step 2 (the newest
+    intact one, recorded in run.json and the results) and ends bit-identical to the uninterrupted run."""
+    _, ref, _ = uninterrupted
+    wd = tmp_path / "damaged"
+    ck = wd / "checkpoints"
+    mainjob.run(TINY, "--steps=4", workdir=wd, executor=ex)
+    assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [2, 4]  # keep=2
+    chunks = sorted(p for p in (ck / "4" / "state").rglob("*") if p.is_file() and p.parent.name == "d")
+    for p in chunks[:3]:
+        p.write_bytes(b"\xa5" * p.stat().st_size)
+    cfg, _ = mainjob.config(TINY, "--resume_from=4", workdir=wd)
+    with pytest.raises(RunConfigError, match=r"^--resume_from=4: checkpoint step 4 .* corrupt .*: \[2\]$"):
+        setup(cfg, ex)
+    results, out = mainjob.run(TINY, workdir=wd, executor=ex)
+    (line,) = [x for x in out.splitlines() if "is corrupt" in x]
+    assert line.startswith(f"checkpoint step 4 in {ck} is corrupt (3 of ") and "SHA-256 differs" in line
+    assert line.endswith("resuming from step 2, the newest intact one")
+    assert f"resumed from {ck} at GRPO step 2" in out
+    assert results["resumed_from_step"] == 2 and results["skipped_corrupt_steps"] == [4]
+    run_info = json.loads((wd / "run.json").read_text())
+    assert run_info["resumed_from_step"] == 2 and run_info["skipped_corrupt_steps"] == [4]
+    got = json.loads((wd / "results.json").read_text())
+    assert got["final_params_sha256"] == ref["final_params_sha256"]
+    assert sorted(mainjob.metrics(wd)) == [1, 2, 3, 4, 5, 6]  # each step once
+    assert sorted(int(p.name) for p in ck.iterdir() if p.name.isdigit()) == [4, 6]  # 4 written anew
+
+
 def test_sigterm_saves_a_checkpoint_and_stops(ex, tmp_path):
     """SIGTERM during a run: the loop finishes the step, checkpoints it and returns (no results.json); the
     same command then resumes from that step."""

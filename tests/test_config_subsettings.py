@@ -81,6 +81,7 @@ MECHANISMS = {
     "pass_rate_curriculum": (["--curriculum=pass_rate"], []),
     "level_curriculum": (["--curriculum=levels"], []),
     "reference_time_limits": ([], ["--sandbox_time_limits=fixed"]),
+    "resume": ([], ["--noresume"]),
 }
 
 # every sub-setting (dotted RunConfig path) -> (a value other than its default as a flag value, mechanisms)
@@ -171,6 +172,7 @@ SUB_SETTINGS = {
     "curriculum.min_attempts": ("8", ("level_curriculum",)),
     "sandbox.time_limit_floor_s": ("1.0", ("reference_time_limits",)),
     "sandbox.time_limit_factor": ("3.0", ("reference_time_limits",)),
+    "resume_from": ("2", ("resume",)),
 }
 # what a sub-setting needs besides its mechanisms to be a valid value at all
 CONTEXT = {"objective.loss.kl_anchor": ["--num_iterations=2"], "pool.eval_members": ["--pool_capacity=4"]}

@@ -43,6 +43,8 @@ def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tu
     cfg = dataclasses.replace(cfg, mesh=MeshConfig(), dist=DistConfig())
     run = build(cfg, None, print_fn)
     state, _ = run.ckpt.restore(run.template, step)
+    if run.ckpt.last_restore.skipped:  # corrupt newer steps: said, never silently passed over
+        print_fn(run.ckpt.last_restore.line(run.ckpt.directory, doing="reading"))
     run.rollout.bind(state.frozen)
     run.pretrained = None
     return run, state

@@ -79,9 +79,10 @@ def setup(cfg: RunConfig, executor: Executor, print_fn=print, notes=()) -> tuple
     except BaseException:
         run.close()
         raise
-    if state is not None:
-        run.pretrained = None  # the checkpoint's weights replace the pretrained ones
     run_info = {"config": cfg.to_json(), "tokenizer": run.tok.fingerprint(), "notes": list(run.notes)}
+    if state is not None:  # the checkpoint's weights replace the pretrained ones; record which it was
+        run.pretrained = None
+        run_info.update({k: run.results[k] for k in ("resumed_from_step", "skipped_corrupt_steps")})
     purge = None if state is None else step + 1
     run.logger = (
         MetricsLogger(cfg.workdir, run_info=run_info, purge_step=purge) if run.ctx.is_main else NullLogger()

@@ -2,7 +2,8 @@
 checkpoint (--sft_from).
 
     save(run, state, step)               # RunState + host JSON (results, the rollout's host part, the config)
-    state = restore(run)                 # the latest checkpoint of the workdir, or None; refuses another run
+    state = restore(run)                 # the workdir's newest intact checkpoint (or --resume_from's), or
+                                         # None; refuses another run; skips corrupt steps, saying so
     check_sft_source(cfg)                # --sft_from names a compatible warm start (one error line if not)
     params = sft_params_from(run)        # its post-SFT parameters, as this run's own init would have them
 """
@@ -19,7 +20,7 @@ import jax
 from grpo_jax.config import RESUMABLE_CHANGES, RunConfig, flat_dict, is_sft_input, migrate_saved
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.train.build import Run, RunConfigError, with_value_head
-from grpo_jax.train.checkpoint import CheckpointMismatchError
+from grpo_jax.train.checkpoint import CheckpointCorruptError, CheckpointMismatchError
 from grpo_jax.train.export import open_checkpoint
 from grpo_jax.train.state import RunState
 
@@ -31,7 +32,10 @@ def save(run: Run, state: RunState, step: int) -> None:
 
 
 def restore(run: Run) -> tuple[RunState, int] | tuple[None, int]:
-    """(state, step) of the workdir's latest checkpoint, or (None, 0) when there is none."""
+    """(state, step) of the workdir's newest intact checkpoint (--resume_from: that step), or (None, 0) when
+    there is none. Corrupt newer steps (files that differ from the checksums recorded when they were saved)
+    are skipped with one line, and recorded in the results (resumed_from_step, skipped_corrupt_steps); a
+    corrupt or missing --resume_from step, or no intact step, is a RunConfigError (nothing is deleted)."""
     latest = run.ckpt.latest_step()
     if latest is None:
         return None, 0
@@ -40,14 +44,22 @@ def restore(run: Run) -> tuple[RunState, int] | tuple[None, int]:
             f"workdir {run.cfg.workdir} already holds checkpoints (latest step {latest}) and resume is off: "
             "use a new --workdir, or drop --noresume to continue that run"
         )
+    asked = run.cfg.resume_from
     try:
-        state, host = run.ckpt.restore(run.template, latest)
+        state, host = run.ckpt.restore(run.template, asked)
     except CheckpointMismatchError as e:
         raise RunConfigError(
             f"the workdir {run.cfg.workdir} holds a run with a different model: {e}"
         ) from None
+    except (CheckpointCorruptError, FileNotFoundError) as e:
+        raise RunConfigError(f"{f'--resume_from={asked}: ' if asked is not None else ''}{e}") from None
+    info = run.ckpt.last_restore
+    if info.skipped:
+        run.print(info.line(run.ckpt.directory))
     check_resumable(run.cfg, host["config"])
     run.results = host["results"]
+    run.results["resumed_from_step"] = info.step
+    run.results["skipped_corrupt_steps"] = [s for s, _ in info.skipped]
     run.rollout.load_host_state(host.get("rollout", {}))
     run.rollout.bind(state.frozen)
     step = int(state.train.step)  # the one device read of the step counter
