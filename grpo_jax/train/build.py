@@ -28,6 +28,7 @@ from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.tokenization import CodeTokenizer, Tokenizer
 from grpo_jax.train import distributed, sharding
+from grpo_jax.train import workdir as workdir_lib
 from grpo_jax.train.checkpoint import Checkpointer
 from grpo_jax.train.logging import MetricsLogger
 from grpo_jax.train.rollout import make_rollout
@@ -74,12 +75,17 @@ class Run:
     step_times: list = dataclasses.field(default_factory=list)
     memory_after_steps: dict = dataclasses.field(default_factory=dict)  # memory_metrics() at the last step
     eval_samplers: dict = dataclasses.field(default_factory=dict)  # {group size: the evaluation's sampler}
+    workdir_lock: Any = None  # process 0's lock on the workdir (grpo_jax.train.workdir), None: a reader
 
     def close(self) -> None:
-        self.rollout.close()
-        self.ckpt.close()
-        if self.logger is not None:
-            self.logger.close()
+        try:
+            self.rollout.close()
+            self.ckpt.close()
+            if self.logger is not None:
+                self.logger.close()
+        finally:
+            if self.workdir_lock is not None:  # last: the workdir is the next run's once this run is done
+                self.workdir_lock.release()
 
 
 def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -> Run:
@@ -102,43 +108,73 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
 
     optimizer = make_optimizer(cfg.optim)
     os.makedirs(cfg.workdir, exist_ok=True)
-    ckpt = Checkpointer(  # no executor: a run that only opens checkpoints, maybe of a run still saving
-        os.path.join(os.path.abspath(cfg.workdir), "checkpoints"),
-        keep=cfg.checkpoint.keep,
-        read_only=executor is None,
-    )
-    batch_sh = sharding.batch_sharding(mesh)
-    rollout = make_rollout(cfg, tok, executor, problems.rl, model, param_fn, ctx=ctx, batch_sharding=batch_sh)
-    template = state_template(cfg, model, optimizer, rollout, mesh)
-    state_sh = jax.tree.map(lambda a: a.sharding, template)
-    train_step = make_train_step(
-        model,
-        cfg.objective,
-        optimizer,
-        temperature=cfg.rollout.temperature,
-        param_fn=param_fn,
-        shardings=(state_sh.train, batch_sh, state_sh.frozen),
-        micro_batches=cfg.optim.micro_batches,
-    )
-    return Run(
-        cfg=cfg,
-        ctx=ctx,
-        mesh=mesh,
-        print=print_fn,
-        notes=tuple(notes),
-        executor=executor,
-        tok=tok,
-        model=model,
-        problems=problems,
-        optimizer=optimizer,
-        param_fn=param_fn,
-        ckpt=ckpt,
-        rollout=rollout,
-        train_step=train_step,
-        template=template,
-        state_sh=state_sh,
-        pretrained=pretrained,
-    )
+    held = hold_workdir(cfg, ctx, executor)  # before anything is written there
+    try:
+        ckpt = Checkpointer(  # no executor: a run that only opens checkpoints, maybe of a run still saving
+            os.path.join(os.path.abspath(cfg.workdir), "checkpoints"),
+            keep=cfg.checkpoint.keep,
+            read_only=executor is None,
+        )
+        batch_sh = sharding.batch_sharding(mesh)
+        rollout = make_rollout(
+            cfg, tok, executor, problems.rl, model, param_fn, ctx=ctx, batch_sharding=batch_sh
+        )
+        template = state_template(cfg, model, optimizer, rollout, mesh)
+        state_sh = jax.tree.map(lambda a: a.sharding, template)
+        train_step = make_train_step(
+            model,
+            cfg.objective,
+            optimizer,
+            temperature=cfg.rollout.temperature,
+            param_fn=param_fn,
+            shardings=(state_sh.train, batch_sh, state_sh.frozen),
+            micro_batches=cfg.optim.micro_batches,
+        )
+        return Run(
+            cfg=cfg,
+            ctx=ctx,
+            mesh=mesh,
+            print=print_fn,
+            notes=tuple(notes),
+            executor=executor,
+            tok=tok,
+            model=model,
+            problems=problems,
+            optimizer=optimizer,
+            param_fn=param_fn,
+            ckpt=ckpt,
+            rollout=rollout,
+            train_step=train_step,
+            template=template,
+            state_sh=state_sh,
+            pretrained=pretrained,
+            workdir_lock=held,
+        )
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+
+
+def hold_workdir(cfg: RunConfig, ctx: distributed.Context, executor: Executor | None):
+    """One run per workdir: process 0 of a run that trains takes the workdir's lock (grpo_jax.train.workdir),
+    held until Run.close() or the process ends; every process raises the same RunConfigError when another run
+    holds it. A run that only reads the workdir (no executor: the evaluator, export) takes none."""
+    if executor is None:
+        return None
+    held = {}
+
+    def take():
+        try:
+            held["lock"] = workdir_lib.lock(cfg.workdir)
+        except workdir_lib.WorkdirBusy as e:
+            return str(e)
+        return None
+
+    refused = ctx.broadcast_object("workdir_lock", take)
+    if refused:
+        raise RunConfigError(refused)
+    return held.get("lock")
 
 
 def tasks_line(cfg: RunConfig, p: Problems, executor: Executor | None) -> str:
