@@ -227,6 +227,7 @@ class MetricsLogger:
                 _drop_lines_from_step(os.path.join(self.workdir, name), int(purge_step))
         self._files: dict[str, Any] = {}
         self._tb = None
+        self._tb_error: OSError | None = None  # the error that stopped the TensorBoard writer thread
         if enable_tensorboard:
             from tensorboardX import SummaryWriter
 
@@ -237,13 +238,42 @@ class MetricsLogger:
                 purge_step=purge_step,
                 filename_suffix=f".{time.time_ns()}",
             )
+            self._keep_tb_write_errors()
+
+    def _keep_tb_write_errors(self) -> None:
+        """tensorboardX writes events in a thread that a write error (a full disk) ends with a traceback,
+        after which its bounded queue fills and the next event blocks the run forever: the error is kept
+        instead (later events are dropped) and raised by the next call of this logger (_check_tb)."""
+        events = self._tb._get_file_writer().event_writer._ev_writer
+
+        def keep(method):
+            def call(*args):
+                if self._tb_error is None:
+                    try:
+                        return method(*args)
+                    except OSError as e:
+                        self._tb_error = e
+
+            return call
+
+        events.write_event = keep(events.write_event)
+        events.flush = keep(events.flush)
+
+    def _check_tb(self) -> None:
+        if self._tb_error is not None:
+            e = self._tb_error
+            raise OSError(e.errno, e.strerror, os.path.join(self.workdir, "tb")) from e
 
     def _append(self, name: str, line: str) -> None:
+        self._check_tb()
         f = self._files.get(name)
         if f is None:
             # line-buffered: a killed run loses no line it logged
             f = self._files[name] = open(os.path.join(self.workdir, name), "a", encoding="utf-8", buffering=1)  # noqa: SIM115
-        f.write(line + "\n")
+        try:
+            f.write(line + "\n")
+        except OSError as e:  # a full disk: name the file (the write's own error does not)
+            raise OSError(e.errno, e.strerror, f.name) from e
 
     def scalars(self, step: int, metrics: Mapping[str, Any]) -> None:
         """TensorBoard scalars with exactly these tags + one line in metrics.jsonl."""
@@ -258,6 +288,7 @@ class MetricsLogger:
         """TensorBoard histograms (non-finite entries are dropped; an empty array is skipped)."""
         if self._tb is None:
             return
+        self._check_tb()
         for k, v in arrays.items():
             a = np.asarray(v, dtype=np.float64).reshape(-1)
             a = a[np.isfinite(a)]
@@ -291,15 +322,27 @@ class MetricsLogger:
             f.flush()
         if self._tb is not None:
             self._tb.flush()
+            self._check_tb()
 
     def close(self) -> None:
-        self.flush()
+        """Flush and close every file; a write error (a full disk) is raised once all are closed, so no file
+        object is left to fail again when it is garbage-collected."""
+        errors = []
         for f in self._files.values():
-            f.close()
+            try:
+                f.close()  # flushes; the file is closed even when that fails
+            except OSError as e:
+                errors.append(OSError(e.errno, e.strerror, f.name))
         self._files.clear()
         if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+            tb, self._tb = self._tb, None
+            try:
+                tb.close()
+                self._check_tb()
+            except OSError as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def __enter__(self):
         return self

@@ -1,0 +1,161 @@
+"""Faults during a run of the main job: a sandbox worker killed from outside mid-batch, and a disk that
+fills up while the run writes a checkpoint (one line on stderr, the previous checkpoint intact, the rerun
+resumes from it)."""
+
+from __future__ import annotations
+
+import errno
+import gc
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import mainjob
+import numpy as np
+import pytest
+
+from grpo_jax.sandbox.executor import Executor
+from grpo_jax.sandbox.isolation import stray_sandbox_pids
+from grpo_jax.sandbox.types import Job, Limits, Status
+from grpo_jax.sandbox.types import TestCase as TC
+from grpo_jax.train.checkpoint import Checkpointer
+from grpo_jax.train.logging import MetricsLogger
+
+EXIT_DISK_FULL = 74  # experiments/codegen.py: EX_IOERR
+TINY = mainjob.TINY
+
+T_ADD = (TC("add(1, 2)", 3), TC("add(2, 2)", 4))
+
+
+@pytest.fixture(scope="module")
+def ex():
+    with mainjob.executor() as e:
+        yield e
+
+
+def test_a_worker_killed_mid_batch_loses_and_duplicates_no_job():
+    """12 jobs of 0.3 s on 2 slots; one slot's zygote is SIGKILLed from another thread after 0.2 s (its first
+    job in flight). Every job gets its own verdict in order (odd jobs are wrong: a lost, duplicated or
+    reordered verdict shows), only the job in flight on the killed slot is retried, once, with the right
+    result; the slot is restarted once and no sandbox process is left behind."""
+    jobs = [
+        Job(
+            f"import time\ntime.sleep(0.3)\ndef add(a, b):\n    return a + b{' + 1' * (i % 2)}  # {i}\n",
+            T_ADD,
+        )
+        for i in range(12)
+    ]
+    with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as ex:
+        (victim, _) = ex._zygote_pids()
+        killer = threading.Timer(0.2, os.kill, (victim, signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        got = ex.run(jobs)
+        killer.join()
+        elapsed = time.monotonic() - t0
+        assert len(got) == 12
+        assert [v.passed for v in got] == [i % 2 == 0 for i in range(12)], got
+        assert [v.status for v in got] == [
+            Status.PASSED if i % 2 == 0 else Status.WRONG_ANSWER for i in range(12)
+        ]
+        assert sum(v.retried for v in got) == 1, [v.retried for v in got]
+        st = ex.stats()
+        assert st["restarts"] == 1 and st["retries"] == 1, st
+        assert victim not in ex._zygote_pids() and len(ex._zygote_pids()) == 2
+        assert stray_sandbox_pids(ex.uids) == []
+        assert all(
+            v.passed
+            for v in ex.run(
+                [Job(f"def add(a, b):\n    return a + b  # after {i}\n", T_ADD) for i in range(2)]
+            )
+        )
+        assert elapsed < 20
+
+
+def _mount_tmpfs(where, size: str) -> str | None:
+    """Mount a size-capped tmpfs at `where`: None when it worked, else why not (not root, no SYS_ADMIN)."""
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return "mounting a size-capped tmpfs needs root"
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True
+    )
+    if r.returncode:
+        return f"mount -t tmpfs not permitted here ({r.stderr.decode(errors='replace').strip()[:200]})"
+    return None
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes(ex, tmp_path):
+    """The real main job on a 1200 KiB tmpfs: the post-SFT (step 0) and step-2 checkpoints with the logs fit,
+    a third checkpoint does not, so the save of step 4 finds the disk full. The run ends with one line on
+    stderr (no traceback) and exit status 74, naming step 2 as the newest intact checkpoint; with more space
+    the same command resumes from step 2 (the partial step 4 is never taken for a step) and finishes."""
+    disk = tmp_path / "disk"
+    why = _mount_tmpfs(disk, "1200k")
+    if why:
+        pytest.skip(why)
+    try:
+        wd = disk / "run"
+        args = (TINY, "--steps=4")
+        r = mainjob.subprocess_run(*args, f"--workdir={wd}", timeout=300)
+        assert r.returncode == EXIT_DISK_FULL, (r.returncode, r.stderr[-3000:])
+        assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        (line,) = r.stderr.splitlines()
+        assert re.fullmatch(
+            rf"error: disk full while writing (a checkpoint|the logs) in {re.escape(str(wd))}: .*"
+            r"No space left on device; the newest intact checkpoint is step 2 \(rerun to resume\)",
+            line,
+        ), line
+        assert not (wd / "results.json").exists()
+        ck = Checkpointer(wd / "checkpoints", read_only=True)
+        assert ck.all_steps() == [0, 2] and ck.intact_steps() == [0, 2]
+        subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
+        results, out = mainjob.run(*args, workdir=wd, executor=ex)
+        assert f"resumed from {wd / 'checkpoints'} at GRPO step 2" in out
+        assert results["steps"] == 4 and results["resumed_from_step"] == 2
+        assert sorted(mainjob.metrics(wd)) == [1, 2, 3, 4]  # each step once
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_under_the_logs_is_an_error_in_the_caller_not_a_hang(tmp_path):
+    """MetricsLogger on a 256 KiB tmpfs, logging until the disk is full: an OSError (ENOSPC) in the caller,
+    also when the TensorBoard writer thread hits it first (tensorboardX's thread would die and the next event
+    block forever on its full queue); close() closes every file, so none fails again when collected."""
+    disk = tmp_path / "disk"
+    why = _mount_tmpfs(disk, "256k")
+    if why:
+        pytest.skip(why)
+    unraisable, hook = [], sys.unraisablehook
+    sys.unraisablehook = unraisable.append
+    try:
+        logger = MetricsLogger(disk / "run", run_info={})
+        got = {}
+
+        def fill():
+            try:
+                for step in range(100_000):
+                    logger.scalars(step, {"x": step})
+                    logger.histograms(step, {"h": np.random.default_rng(step).normal(size=2000)})
+            except OSError as e:
+                got["error"] = e
+
+        th = threading.Thread(target=fill, daemon=True)
+        th.start()
+        th.join(30)
+        assert not th.is_alive(), "the logger blocked on a full disk"
+        assert got["error"].errno == errno.ENOSPC, got
+        try:
+            logger.close()
+        except OSError as e:
+            assert e.errno == errno.ENOSPC
+        logger = None
+        gc.collect()
+        assert unraisable == []
+    finally:
+        sys.unraisablehook = hook
+        subprocess.run(["umount", "-l", str(disk)], check=False)
