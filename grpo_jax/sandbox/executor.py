@@ -686,16 +686,9 @@ class Executor:
             return self._execute_stdio(slot, job, lim, deadline)
         retried = False
         for _attempt in range(2):  # a worker death is retried once
-            wall = lim.wall_s
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0.05:
-                    with self._lock:
-                        self._counts["deadline_skipped"] += 1
-                    return Verdict(
-                        Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
-                    )
-                wall = min(wall, left)
+            wall = self._wall(lim, deadline)
+            if wall is None:
+                return Verdict(Status.TIMEOUT, False, detail="batch deadline reached before the program ran")
             try:
                 ooms = self._ready(slot, lim)
                 info, raw, output = slot.execute(
@@ -741,22 +734,15 @@ class Executor:
         for i, tc in enumerate(job.tests):
             stdin = _stdin_bytes(tc)
             while True:
-                wall = lim.wall_s
-                if deadline is not None:
-                    left = deadline - time.monotonic()
-                    if left <= 0.05:
-                        with self._lock:
-                            self._counts["deadline_skipped"] += 1
-                        if not results:
-                            return Verdict(
-                                Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
-                            )
-                        skipped = TestResult(False, Status.TIMEOUT, 0.0, "not run: batch deadline reached")
-                        results += [skipped] * (1 if job.stop_on_failure else len(job.tests) - i)
-                        return grading.stdio_verdict(
-                            results, len(job.tests), time.monotonic() - t_job, retried
+                wall = self._wall(lim, deadline)
+                if wall is None:
+                    if not results:
+                        return Verdict(
+                            Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
                         )
-                    wall = min(wall, left)
+                    skipped = TestResult(False, Status.TIMEOUT, 0.0, "not run: batch deadline reached")
+                    results += [skipped] * (1 if job.stop_on_failure else len(job.tests) - i)
+                    return grading.stdio_verdict(results, len(job.tests), time.monotonic() - t_job, retried)
                 try:
                     ooms = self._ready(slot, lim)
                     info, raw, output, stdout = slot.execute_stdio(
@@ -786,6 +772,18 @@ class Executor:
         with self._lock:
             self._counts["executed"] += 1
         return grading.stdio_verdict(results, len(job.tests), time.monotonic() - t_job, retried)
+
+    def _wall(self, lim: Limits, deadline: float | None) -> float | None:
+        """The wall limit of the next run: the job's, capped by what is left of the batch deadline; None (and
+        counted) when the deadline leaves no time to run it."""
+        if deadline is None:
+            return lim.wall_s
+        left = deadline - time.monotonic()
+        if left <= 0.05:
+            with self._lock:
+                self._counts["deadline_skipped"] += 1
+            return None
+        return min(lim.wall_s, left)
 
     def _ready(self, slot: _Slot, lim: Limits) -> int:
         """Restart a dead slot, set its cgroup's memory limit; the slot's OOM-kill count before the run."""

@@ -235,11 +235,11 @@ def problem_sets(cfg: RunConfig, executor: Executor | None = None) -> Problems:
     elif t.source == "codeio":
         from grpo_jax.codegen.codeio import load_codeio
 
-        kw = dict(limit=t.codeio_tasks or None, executor=executor)
-        train = load_codeio("train", **kw)
+        every = load_codeio("all", limit=t.codeio_tasks or None, executor=executor)  # one read of the cache
+        train = [q for q in every if q.split == "train"]
         sft_p, rl_p = train, train
-        heldout = [] if t.eval_data else load_codeio("heldout", **kw)[: t.heldout_per_level]
-        heldout = [p.with_grade_tests("private") for p in heldout]
+        held = [] if t.eval_data else [q for q in every if q.split == "heldout"][: t.heldout_per_level]
+        heldout = [q.with_grade_tests("private") for q in held]
     elif t.source == "file":
         sft_p, rl_p, heldout = file_problems(cfg)
     else:
