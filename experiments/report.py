@@ -271,6 +271,44 @@ def per_seed_table(values: dict[str, dict[int, float]], seeds: list[int], fmt: s
     return "\n".join(lines)
 
 
+def before_after_keys(study: Study) -> list[str]:
+    """The evaluation keys measured both at the start of GRPO ("sft") and after it ("grpo") in some run:
+    held-out pass@k and the extra sets' pass@1 (mbpp/, humaneval/), in a fixed order."""
+    keys = set()
+    for arm in study.runs.values():
+        for r in arm.values():
+            sft = r.results.get("sft", {})
+            keys |= {k for k in r.results["grpo"] if k in sft and re.fullmatch(r"pass@\d+|\w+/pass@1", k)}
+    return sorted(keys, key=lambda k: ("/" in k, k.split("@")[0], int(k.split("@")[1])))
+
+
+def before_after_table(study: Study, resamples: int, fmt: str = ".3f") -> str:
+    """Per arm and metric: the value at the start of GRPO and after it (mean over seeds, bootstrap interval)
+    and the change after − before paired by seed, with the count of seeds where it rose."""
+    head = ["arm", "metric", "n", "before", "95 % CI", "after", "95 % CI", "Δ after − before", "95 % CI of Δ"]
+    head.append("seeds Δ > 0")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for arm in study.arms:
+        for key in before_after_keys(study):
+            pairs = {
+                s: (r.results["sft"][key], r.results["grpo"][key])
+                for s, r in study.runs[arm].items()
+                if key in r.results.get("sft", {}) and key in r.results["grpo"]
+            }
+            if not pairs:
+                continue
+            before = {s: float(b) for s, (b, _) in pairs.items()}
+            after = {s: float(a) for s, (_, a) in pairs.items()}
+            eb = stats.bootstrap_ci([before[s] for s in sorted(before)], resamples=resamples)
+            ea = stats.bootstrap_ci([after[s] for s in sorted(after)], resamples=resamples)
+            de = stats.paired_bootstrap_ci(after, before, resamples=resamples)
+            rose = sum(after[s] > before[s] for s in pairs)
+            cells = [arm, key, str(len(pairs)), f"{eb.value:{fmt}}", _ci(eb, fmt), f"{ea.value:{fmt}}"]
+            cells += [_ci(ea, fmt), f"{de.value:+{fmt}}", _ci(de, "+" + fmt), f"{rose}/{len(pairs)}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _count(x: float) -> str:
     return "not reached" if math.isinf(x) else f"{x:,.0f}".replace(",", " ")
 
@@ -541,6 +579,18 @@ def write_report(
             png = f"bars_{slug}.png"
             plot_bars(values, baseline, title.split(" (")[0], os.path.join(out, png), resamples)
             md += ["", f"![{title}]({png})"]
+    if before_after_keys(study):
+        md += [
+            "",
+            "## Before and after GRPO, paired by seed",
+            "",
+            'Every evaluation measured both at the start of GRPO (results.json "sft": after SFT, or the '
+            'initial checkpoint with --sft_steps=0) and after the last step ("grpo"): held-out greedy '
+            "pass@1, sampled pass@k and the extra sets' greedy pass@1 (mbpp/, humaneval/). Δ = after − "
+            "before per seed, bootstrap over the seeds.",
+            "",
+            before_after_table(study, resamples),
+        ]
     md += ["", "## Learning curves", ""]
     heldout = threshold_metric
     for key, title in (("reward", "training reward (mean over the batch)"), (heldout, f"held-out {heldout}")):

@@ -54,7 +54,7 @@ def _write_run(runs, arm: str, seed: int, finished: bool = True) -> None:
     if finished:
         res = {
             "sft_from": f"R/_warm/w/s{seed}",
-            "sft": {"pass@1": SFT_P1[seed], "pass@8": p8_before},
+            "sft": {"pass@1": SFT_P1[seed], "pass@8": p8_before, "mbpp/pass@1": 0.2},
             "grpo": {"pass@1": p1, "pass@8": p8_after, "pass@1/sampled": p1 / 2},
             "grpo_eval_step": STEPS,
             "median_step_s_this_process": 0.5 if arm == "baseline" else 0.7,
@@ -62,6 +62,7 @@ def _write_run(runs, arm: str, seed: int, finished: bool = True) -> None:
             "steps": STEPS,
             "config": cfg,
         }
+        res["grpo"]["mbpp/pass@1"] = 0.2 + 0.02 * seed
         (wd / "results.json").write_text(json.dumps(res))
 
 
@@ -139,6 +140,25 @@ def test_report_numbers_plots_and_identical_regeneration(runs):
     # half 0.99978 · sqrt(0.046875 + 0.060023) = 0.3269)
     assert _row(md, "Collapse", "mech") == ["mech", "4", "1/4", "0.25", "[0.05, 0.70]", "s1"]
     assert _row(md, "Collapse", "baseline")[2:] == ["0/5", "0.00", "[0.00, 0.43]", "none"]
+    # before -> after GRPO paired by seed, one row per arm and metric measured at both ends (pass@1/sampled
+    # is only in "grpo": no row). baseline pass@1: before 0.05..0.09 (mean 0.070), after mean 0.250, per-seed
+    # differences 0.25, 0.14, 0.33, 0.02, 0.16: mean +0.180, all 5 rose. mbpp: 0.2 before, 0.2 + 0.02·seed
+    # after: Δ 0, .02, .04, .06, .08 = +0.040, 4 of 5 rose (seed 0 is equal).
+    ba = md.split("## Before and after GRPO, paired by seed\n", 1)[1].split("\n## ", 1)[0]
+    cells = [[c.strip() for c in x.strip("|").split("|")] for x in ba.splitlines()]
+    rows = {(c[0], c[1]): c for c in cells if c[0] in ("baseline", "mech")}
+    assert [k for k in rows if k[0] == "baseline"] == [
+        ("baseline", "pass@1"), ("baseline", "pass@8"), ("baseline", "mbpp/pass@1"),
+    ]  # fmt: skip
+    r = rows["baseline", "pass@1"]
+    assert r[2:4] + r[5:6] + r[7:8] + r[9:] == ["5", "0.070", "0.250", "+0.180", "5/5"]
+    d = stats.bootstrap_ci([0.25, 0.14, 0.33, 0.02, 0.16])
+    assert r[8] == f"[{d.low:+.3f}, {d.high:+.3f}]"
+    assert rows["baseline", "mbpp/pass@1"][7:8] + rows["baseline", "mbpp/pass@1"][9:] == ["+0.040", "4/5"]
+    # mech s1 collapsed: pass@8 0.5 -> 0.4; the other 3 seeds 0.5 -> 0.6: Δ (0.1·3 − 0.1) / 4 = +0.050, 3/4
+    assert rows["mech", "pass@8"][2] == "4" and rows["mech", "pass@8"][7:8] + rows["mech", "pass@8"][9:] == [
+        "+0.050", "3/4",
+    ]  # fmt: skip
     # arms, missing runs, commands, per-seed table
     assert "- **mech**: `replay.fraction=0.25`" in md
     assert "- mech seed 4: no results.json (not run or not finished)" in md
