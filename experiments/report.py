@@ -24,6 +24,11 @@ with a Wilson interval. `--collapse_entropy=H`: a run collapsed when its mean po
 `--last_steps` steps is below H and its final held-out pass@k (`--collapse_k`, default the largest k
 evaluated) is below its post-SFT value; the rate over seeds with a Wilson interval.
 
+Before and after GRPO (paired by seed): every key of results.json "sft" and "grpo" both (held-out pass@k,
+mbpp/ and humaneval/ pass@1), plus experiments.evaluate outputs of a run's final checkpoint placed in
+WORKDIR/evals/NAME (greedy pass@1 as NAME/pass@1; `--evals_before=DIR`: DIR/NAME of the initial policy is
+its "before"), each with the change after − before and its bootstrap interval over seeds.
+
 Plots (matplotlib, Agg, PNG next to report.md): learning curves of the training reward and of the held-out
 metric per step (mean over seeds, 95 % bootstrap band), and bar charts of the final metrics and of the
 paired differences with their intervals as error bars. The same runs give the same files, byte for byte.
@@ -62,6 +67,12 @@ def define_flags() -> None:
     flags.DEFINE_string("threshold_metric", "eval/pass_at_1", "metrics.jsonl key the threshold applies to.")
     flags.DEFINE_float("collapse_entropy", None, "Entropy floor of the collapse definition (off when unset).")
     flags.DEFINE_integer("collapse_k", None, "pass@k of the collapse definition (default: the largest k).")
+    flags.DEFINE_string(
+        "evals_before",
+        None,
+        "A directory of experiments.evaluate outputs of the policy every run starts from "
+        "(NAME/results.json): their greedy pass@1 is the 'before' of each run's WORKDIR/evals/NAME.",
+    )
 
 
 RUN_DIR = re.compile(r"(?P<arm>[A-Za-z0-9][A-Za-z0-9_.-]*?)_s(?P<seed>\d+)")
@@ -173,6 +184,38 @@ def load_study(runs_dir: str) -> Study:
             (a, s, "no run directory with results.json") for a in arms for s in seeds if (a, s) not in have
         ]
     return Study(runs_dir, arms, seeds, runs, sorted(missing), source, commands)
+
+
+def _greedy_pass1(path: str, step: int | None = None) -> float | None:
+    """experiments.evaluate's greedy pass@1 in path/results.json (None if absent, or of another step)."""
+    res = _read_json(os.path.join(path, "results.json"))
+    if not isinstance(res, dict) or "greedy/pass@1" not in res.get("metrics", {}):
+        return None
+    if step is not None and res.get("policy", {}).get("step") != step:
+        return None
+    return float(res["metrics"]["greedy/pass@1"])
+
+
+def add_evals(study: Study, before_dir: str | None) -> list[str]:
+    """Fold experiments.evaluate outputs into the runs' results (in memory): WORKDIR/evals/NAME of a run's
+    final checkpoint becomes results["grpo"]["NAME/pass@1"] (greedy), and before_dir/NAME (the common initial
+    policy) results["sft"]["NAME/pass@1"]; a run's own evaluation of that name (--eval_mbpp, --eval_humaneval)
+    is kept. Returns the names folded in."""
+    names: set[str] = set()
+    for arm in study.runs.values():
+        for r in arm.values():
+            d = os.path.join(r.workdir, "evals")
+            for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                after = _greedy_pass1(os.path.join(d, name), r.results.get("grpo_eval_step"))
+                key = f"{name}/pass@1"
+                if after is None or key in r.results["grpo"]:
+                    continue
+                names.add(name)
+                r.results["grpo"][key] = after
+                before = _greedy_pass1(os.path.join(before_dir, name)) if before_dir else None
+                if before is not None:
+                    r.results.setdefault("sft", {})[key] = before
+    return sorted(names)
 
 
 def curve(run: Run, key: str) -> tuple[list[int], list[float]]:
@@ -478,9 +521,11 @@ def write_report(
     threshold_metric: str = "eval/pass_at_1",
     collapse_entropy: float | None = None,
     collapse_k: int | None = None,
+    evals_before: str | None = None,
 ) -> str:
     """Write report.md and its PNGs to `out` (default RUNS_DIR/report); returns the report's path."""
     study = load_study(runs_dir)
+    folded = add_evals(study, evals_before)
     finished = [a for a in study.arms if study.runs[a]]
     if not finished:
         raise ValueError(f"no finished run (results.json with a final evaluation) under {runs_dir}")
@@ -541,6 +586,8 @@ def write_report(
         cmd += f" --last_steps={last_steps}"
     if threshold is not None:
         cmd += f" --threshold={threshold} --threshold_metric={threshold_metric}"
+    if evals_before:
+        cmd += f" --evals_before={evals_before}"
     if collapse_entropy is not None:
         cmd += f" --collapse_entropy={collapse_entropy}" + (
             f" --collapse_k={collapse_k}" if collapse_k else ""
@@ -591,6 +638,11 @@ def write_report(
             "",
             before_after_table(study, resamples),
         ]
+        if folded:
+            src = "greedy pass@1 of each run's final checkpoint by experiments.evaluate, <workdir>/evals/NAME"
+            if evals_before:
+                src += f"; before: {evals_before}/NAME, the initial policy"
+            md[-2:-2] = [f"From {src}: {', '.join(folded)}.", ""]
     md += ["", "## Learning curves", ""]
     heldout = threshold_metric
     for key, title in (("reward", "training reward (mean over the batch)"), (heldout, f"held-out {heldout}")):
@@ -659,6 +711,7 @@ def main(argv):
             threshold_metric=FLAGS.threshold_metric,
             collapse_entropy=FLAGS.collapse_entropy,
             collapse_k=FLAGS.collapse_k,
+            evals_before=FLAGS.evals_before,
         )
     except ValueError as e:
         _fail(str(e))

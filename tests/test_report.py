@@ -210,3 +210,29 @@ def test_layout_without_manifest_and_errors(tmp_path):
         report.write_report(str(runs), str(tmp_path / "out"), baseline="nope")
     with pytest.raises(ValueError, match="no finished run"):
         report.write_report(str(tmp_path / "ablate" / "_warm"), str(tmp_path / "o2"))
+
+
+def test_evaluate_outputs_fold_into_the_before_after_table(runs, tmp_path):
+    """experiments.evaluate outputs in <workdir>/evals/NAME (a run's final checkpoint) and
+    --evals_before/NAME (the initial policy) become NAME/pass@1 after and before GRPO; an evaluation of
+    another step is ignored."""
+
+    def write(d, p1, step=None):
+        d.mkdir(parents=True)
+        policy = {"init_from": "m"} if step is None else {"checkpoint": "x", "step": step}
+        (d / "results.json").write_text(json.dumps({"policy": policy, "metrics": {"greedy/pass@1": p1}}))
+
+    for seed in range(5):  # seed 4 evaluated a checkpoint of step 3, not its final step 12: left out
+        d = runs / "baseline" / f"s{seed}" / "evals" / "humaneval"
+        write(d, 0.1 + 0.01 * seed, STEPS if seed < 4 else 3)
+    write(tmp_path / "base" / "humaneval", 0.1)
+    path = report.write_report(str(runs), out=str(tmp_path / "rep"), evals_before=str(tmp_path / "base"))
+    md = open(path, encoding="utf-8").read()
+    ba = md.split("## Before and after GRPO, paired by seed\n", 1)[1].split("\n## ", 1)[0]
+    row = next(x for x in ba.splitlines() if x.startswith("| baseline | humaneval/pass@1 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # seeds 0-3: before 0.1 each, after 0.10, 0.11, 0.12, 0.13: mean 0.115, Δ +0.015, 3 of 4 rose (s0 equal)
+    assert cells[2:4] + cells[5:6] + cells[7:8] + cells[9:] == ["4", "0.100", "0.115", "+0.015", "3/4"]
+    assert "From greedy pass@1 of each run's final checkpoint by experiments.evaluate" in ba
+    assert "--evals_before=" in md.split("Regenerate:", 1)[1].split("\n", 1)[0]
+    assert not any(x.startswith("| mech | humaneval/") for x in ba.splitlines())  # mech has no evals
