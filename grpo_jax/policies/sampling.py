@@ -165,26 +165,67 @@ def filter_logits(
     return jnp.where(x >= thr, logits, -jnp.inf)
 
 
+CDF_BLOCK = 256  # ids per block of sample_categorical's two-level inverse CDF
+
+
+def _inverse_cdf(blocks: jax.Array, u1: jax.Array, u2: jax.Array) -> jax.Array:
+    """The id drawn by uniforms u1, u2 in (0, 1] [...] from unnormalised probabilities blocks [..., nb, w]:
+    the block b with C[b-1] < u1 * C[-1] <= C[b] (C the running sum of the block sums), then the id j
+    inside it with c[j-1] < u2 * c[-1] <= c[j] (c the running sum of that block); returns b * w + j. A
+    zero-probability block or id is never chosen (its running sum equals its predecessor's, so it cannot
+    satisfy both sides)."""
+    nb, w = blocks.shape[-2], blocks.shape[-1]
+    c = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [..., nb]
+    b = jnp.minimum(jnp.sum(c < u1[..., None] * c[..., -1:], axis=-1), nb - 1)
+    inner = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]  # [..., w]
+    c2 = jnp.cumsum(inner, axis=-1)
+    j = jnp.minimum(jnp.sum(c2 < u2[..., None] * c2[..., -1:], axis=-1), w - 1)
+    return (b * w + j).astype(jnp.int32)
+
+
+def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One id per row drawn from softmax(logits) over the last axis (int32 [...]): an exact draw by a
+    two-level inverse CDF (ids in blocks of CDF_BLOCK: choose a block by its mass, then an id inside it) from
+    TWO uniforms per row, where `jax.random.categorical` (Gumbel-max) draws one per id: on a 49 152-id
+    vocabulary the Gumbel draw was ~96 % of the token choice's time on CPU (WORKSPACE.md §6, "Decoding").
+    -inf logits (filtered ids) have probability exactly 0 and are never drawn. Float32
+    limits: an id whose probability is below ~1e-7 of the row's total is drawn with a rounded probability
+    (as jax.random.categorical's default "low" mode)."""
+    lead, v = logits.shape[:-1], logits.shape[-1]
+    nb = -(-v // CDF_BLOCK)
+    x = logits.astype(jnp.float32)
+    p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+    if nb * CDF_BLOCK != v:
+        p = jnp.pad(p, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)])
+    u = 1.0 - jax.random.uniform(key, (2, *lead), jnp.float32)  # (0, 1]
+    return _inverse_cdf(p.reshape(*lead, nb, CDF_BLOCK), u[0], u[1])
+
+
 def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     """Sample (or argmax) one token per row; return (tokens int32, behaviour logp float32).
 
-    Sampling (temperature > 0): the token is drawn from softmax(f), f = filter_logits(logits / temperature,
-    top_k, top_p), and logp = log_softmax(f)[token], the log of its renormalised truncated probability (the
-    distribution actually sampled). With the filters off (top_k = 0 and top_p >= 1) f = logits / temperature
-    and logp = log_softmax(logits / temperature)[token], bit for bit the same ops as before truncation was
-    accounted for (the truncated log-softmax runs only in a `lax.cond` branch taken when a filter is on).
-    Greedy (temperature <= 0): token = argmax(logits), logp = log_softmax(logits)[token] (temperature 1,
-    untruncated, whatever top_k / top_p say; the argmax is always inside the kept set)."""
+    Sampling (temperature > 0): the token is drawn (`sample_categorical`) from softmax(f), f =
+    filter_logits(logits / temperature, top_k, top_p), and logp = log_softmax(f)[token], the log of its
+    renormalised truncated probability (the distribution actually sampled). With the filters off (top_k = 0
+    and top_p >= 1) f = logits / temperature and logp = log_softmax(logits / temperature)[token], bit for bit
+    the same ops as before truncation was accounted for (the truncated log-softmax runs only in a `lax.cond`
+    branch taken when a filter is on). Greedy (temperature <= 0): token = argmax(logits), logp =
+    log_softmax(logits)[token] (temperature 1, untruncated, whatever top_k / top_p say; the argmax is always
+    inside the kept set)."""
     greedy = sp.temperature <= 0
     lg = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, sp.temperature)
     lsm = jax.nn.log_softmax(lg, axis=-1)
     need_filter = (sp.top_k > 0) | (sp.top_p < 1.0)
     filt = jax.lax.cond(need_filter, lambda x: filter_logits(x, sp.top_k, sp.top_p), lambda x: x, lg)
-    sampled = jax.random.categorical(key, filt, axis=-1)
-    tok = jnp.where(greedy, jnp.argmax(lg, axis=-1), sampled).astype(jnp.int32)
+    # only the branch taken runs (a select of both under vmap with per-member temperatures)
+    tok = jax.lax.cond(
+        greedy,
+        lambda: jnp.argmax(lg, axis=-1).astype(jnp.int32),
+        lambda: sample_categorical(key, filt),
+    )
     lp = jnp.take_along_axis(lsm, tok[..., None], axis=-1)[..., 0]  # untruncated (filters off, or greedy)
 
-    def truncated(lp):  # the renormalised truncated distribution that `sampled` was drawn from
+    def truncated(lp):  # the renormalised truncated distribution the token was drawn from
         lp_f = jnp.take_along_axis(jax.nn.log_softmax(filt, axis=-1), tok[..., None], axis=-1)[..., 0]
         return jnp.where(greedy, lp, lp_f)
 
