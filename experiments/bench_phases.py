@@ -22,6 +22,7 @@ read / the measured memory bandwidth (`x * 2` over 256 MiB); a phase's floor is 
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 
@@ -49,20 +50,24 @@ PEER_PROMPTS = (  # hand-written for this benchmark: short coding requests
 )
 
 
+def median_time(f, *args, reps: int = 10) -> float:
+    """Median seconds of `reps` calls of the jitted f(*args), after one untimed call (compile, warm-up)."""
+    import jax
+
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
 def device_rates(backend: str) -> dict[str, float]:
     """This device's float32 matmul rate (GFLOP/s, median of 10 n x n products; n = 1024 on CPU, 4096
     elsewhere) and memory bandwidth (GB/s: bytes read + written by `x * 2` over 256 MiB, median of 10)."""
     import jax
     import jax.numpy as jnp
-
-    def median_time(f, *args, reps=10):
-        jax.block_until_ready(f(*args))
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
 
     n = 1024 if backend == "cpu" else 4096
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
@@ -142,21 +147,14 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
 
     # each phase alone, on the last batch
-    def timed(f, *args, reps=3):
-        jax.block_until_ready(f(*args))
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            jax.block_until_ready(f(*args))
-            ts.append(time.perf_counter() - t)
-        return statistics.median(ts)
+    timed = functools.partial(median_time, reps=3)
 
     prompt, pmask = batch.prompt, batch.prompt_mask
     prefill = jax.jit(lambda prm, pr, pm: tfm.prefill(prm, cfg, pr, pm, group, max_new))
     prefill_s = timed(prefill, state.params, prompt, pmask)
     logits = jax.random.normal(jax.random.PRNGKey(0), (b, group, cfg.vocab_size), jnp.float32)
     choose = jax.jit(lambda lg, k: sampling.choose_tokens(lg, k, sp))
-    choose_s = timed(choose, logits, jax.random.PRNGKey(1), reps=20)
+    choose_s = median_time(choose, logits, jax.random.PRNGKey(1), reps=20)
     logp = policy_logp_fn(cfg)
     comps = batch.completions
     ref_fn = jax.jit(lambda prm, c: logp(prm, prompt, pmask, c, 1.0)[0])
