@@ -208,10 +208,10 @@ def main(argv):
     if FLAGS.matmul:
         import jax
 
-        from experiments.bench_phases import device_rates
+        from experiments.bench_phases import device_rates_subprocess
 
         backend = jax.default_backend()
-        rates = device_rates(backend)
+        rates = device_rates_subprocess()  # in a child: the probe arrays stay out of this peak RSS
         emit(figure="matmul_gflops", value=round(rates["matmul_gflops"], 1), backend=backend)
         emit(figure="bandwidth_gbs", value=round(rates["bandwidth_gbs"], 1), backend=backend)
     sizes = ["tiny", "small", "smollm2", "pool"] if FLAGS.size == "all" else [FLAGS.size]
@@ -237,12 +237,10 @@ def main(argv):
         bench_pool(peak)
         return
     if FLAGS.size == "smollm2":
-        from experiments.bench_phases import bench_peer, device_rates
+        from experiments.bench_phases import bench_peer, device_rates_subprocess
 
         if rates is None:  # the floors need the device's rates
-            import jax
-
-            rates = device_rates(jax.default_backend())
+            rates = device_rates_subprocess()
         bench_peer(FLAGS.steps, rates, emit)
         return
     from grpo_jax.config import ModelConfig

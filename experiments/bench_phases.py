@@ -77,6 +77,21 @@ def device_rates(backend: str) -> dict[str, float]:
     return {"matmul_gflops": gflops, "bandwidth_gbs": gbs}
 
 
+def device_rates_subprocess() -> dict[str, float]:
+    """device_rates of the default backend, measured in a child process: its 256 MiB probe arrays never
+    count in this process's peak RSS (a high-water mark: freeing them afterwards would not lower it)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import jax, json; from experiments.bench_phases import device_rates; "
+        "print(json.dumps(device_rates(jax.default_backend())))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def peer_batches(tok, n_prompts: int = 4):
     """(prompt ids, mask) [n_prompts, P] per step of the cycle over PEER_PROMPTS, one width P for all."""
     from grpo_jax.tokenization.batch import pad_prompts
