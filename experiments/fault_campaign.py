@@ -198,11 +198,17 @@ def bad_input(fault: str, cmd: list[str], wd: Path, needle: str) -> Row:
     return row(fault, first_line(r.stderr), r.returncode, "n/a (refused at load)", left_text(left), ok)
 
 
+def cut_in_half(src: Path, dst: Path | None = None) -> Path:
+    """dst (default: src itself) = the first half of src's bytes: a file cut short by a crash or a copy."""
+    raw = src.read_bytes()
+    dst = dst or src
+    dst.write_bytes(raw[: len(raw) // 2])
+    return dst
+
+
 def f_truncated_safetensors(base: Path, ref: str) -> list[Row]:
     d = tiny_hf_dir(base / "hf")
-    st = d / "model.safetensors"
-    raw = st.read_bytes()
-    st.write_bytes(raw[: len(raw) // 2])
+    cut_in_half(d / "model.safetensors")
     wd = base / "wd"
     rows = [
         bad_input(
@@ -234,10 +240,7 @@ def f_truncated_safetensors(base: Path, ref: str) -> list[Row]:
 
 
 def f_truncated_gguf(base: Path, ref: str) -> list[Row]:
-    good = tiny_gguf(base / "m.gguf")
-    cut = base / "cut.gguf"
-    raw = good.read_bytes()
-    cut.write_bytes(raw[: len(raw) // 2])
+    cut = cut_in_half(tiny_gguf(base / "m.gguf"), base / "cut.gguf")
     wd = base / "wd"
     cmd = codegen(*LOADED, f"--init_from={cut}", f"--workdir={wd}")
     return [bad_input("truncated GGUF (--init_from), main job", cmd, wd, "(truncated")]

@@ -325,14 +325,14 @@ def before_after_keys(study: Study) -> list[str]:
     return sorted(keys, key=lambda k: ("/" in k, k.split("@")[0], int(k.split("@")[1])))
 
 
-def before_after_table(study: Study, resamples: int, fmt: str = ".3f") -> str:
+def before_after_table(study: Study, keys: list[str], resamples: int, fmt: str = ".3f") -> str:
     """Per arm and metric: the value at the start of GRPO and after it (mean over seeds, bootstrap interval)
     and the change after − before paired by seed, with the count of seeds where it rose."""
     head = ["arm", "metric", "n", "before", "95 % CI", "after", "95 % CI", "Δ after − before", "95 % CI of Δ"]
     head.append("seeds Δ > 0")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for arm in study.arms:
-        for key in before_after_keys(study):
+        for key in keys:
             pairs = {
                 s: (r.results["sft"][key], r.results["grpo"][key])
                 for s, r in study.runs[arm].items()
@@ -626,7 +626,8 @@ def write_report(
             png = f"bars_{slug}.png"
             plot_bars(values, baseline, title.split(" (")[0], os.path.join(out, png), resamples)
             md += ["", f"![{title}]({png})"]
-    if before_after_keys(study):
+    ba_keys = before_after_keys(study)
+    if ba_keys:
         md += [
             "",
             "## Before and after GRPO, paired by seed",
@@ -636,7 +637,7 @@ def write_report(
             "pass@1, sampled pass@k and the extra sets' greedy pass@1 (mbpp/, humaneval/). Δ = after − "
             "before per seed, bootstrap over the seeds.",
             "",
-            before_after_table(study, resamples),
+            before_after_table(study, ba_keys, resamples),
         ]
         if folded:
             src = "greedy pass@1 of each run's final checkpoint by experiments.evaluate, <workdir>/evals/NAME"
