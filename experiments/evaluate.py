@@ -34,6 +34,12 @@ seeds the intervals). The sampler, the grading and pass@k are the main job's (tr
 codegen.pipeline.evaluate). A progress line with an ETA goes to stderr (sampling per batch, grading per
 chunk).
 
+--max_turns=N (default: the run's own, 1 for --init_from) evaluates with execution feedback: after a failed
+turn the policy sees what its program did on the task's visible tests (the main job's multi-turn loop,
+grpo_jax.train.multiturn) and tries again, up to N turns; results.json "turns" holds pass@k after each turn
+("turn1" ... "turnN", with intervals) and the fix rate (of the samples that failed turn 1, the fraction a
+later turn passed); the plain figures stay turn 1's.
+
 --out_dir (new, written atomically: nothing on an error) holds results.json (the policy, problems, sampling
 settings; pass@k per --k as the mean over tasks of passk.pass_at_k(n, c, k) with a 95 % percentile-bootstrap
 interval over tasks, greedy pass@1 with bootstrap and Wilson intervals; status and grading counts; seconds),
@@ -135,6 +141,15 @@ flags.DEFINE_integer(
     "tokens per completion (default: the run's --max_new_tokens; 512 with --init_from)",
 )
 flags.DEFINE_integer("batch", None, "prompts per sampler call (default: the run's --eval_batch; 16)")
+flags.DEFINE_integer(
+    "max_turns",
+    None,
+    "turns per task with execution feedback from the visible tests (default: the run's --max_turns; 1): "
+    "pass@k after each turn and the fix rate, with intervals, in results.json 'turns'",
+)
+flags.DEFINE_integer(
+    "feedback_tokens", None, "the most tokens of one feedback turn (default: the run's --feedback_tokens)"
+)
 flags.DEFINE_integer(
     "seed",
     None,
@@ -346,6 +361,8 @@ class PolicyEval:
     top_k: int | None = None
     max_new_tokens: int | None = None
     batch: int | None = None
+    max_turns: int | None = None
+    feedback_tokens: int | None = None
     seed: int | None = None
     prompt_format: str = "auto"
     workers: int | None = None
@@ -431,7 +448,8 @@ def check_policy_eval(o: PolicyEval) -> None:
     if not o.out_dir:
         raise UsageError("--out_dir is required (a new directory for results.json, per_task.jsonl, samples)")
     check_out_dir(o.out_dir)
-    for name, low in (("limit", 1), ("num_samples", 0), ("top_k", 0), ("max_new_tokens", 1), ("batch", 1)):
+    lows = (("limit", 1), ("num_samples", 0), ("top_k", 0), ("max_new_tokens", 1), ("batch", 1))
+    for name, low in (*lows, ("max_turns", 1), ("feedback_tokens", 1)):
         v = getattr(o, name)
         if v is not None and v < low:
             raise UsageError(f"--{name}={v}: must be >= {low}")
@@ -597,6 +615,33 @@ def summarize_tasks(counts, greedy, ks, seed: int = 0) -> dict:
     return out
 
 
+def turn_summaries(details: dict, n: int, ks, max_turns: int, seed: int = 0) -> dict:
+    """{"turn{t}": summarize_tasks after turn t, t = 1..max_turns, "fix_rate": {greedy, sampled}}: a task's
+    sample counts as passed after turn t if one of its first t turns passed (the turn numbers come from
+    `pipeline.evaluate(..., turns=...)` in details["greedy_turn"] / details["sampled_turn"]). The fix rate: of
+    the samples that failed turn 1, the fraction a later turn passed."""
+    import numpy as np
+
+    g = np.asarray(details["greedy_turn"])
+    s = (
+        np.asarray(details.get("sampled_turn", np.zeros(0, int))).reshape(-1, n)
+        if n
+        else np.zeros((len(g), 0))
+    )
+    out = {}
+    for t in range(1, max_turns + 1):
+        ok = (s >= 1) & (s <= t)
+        counts = [(n, int(c)) for c in ok.sum(1)] if n else [(0, 0)] * len(g)
+        out[f"turn{t}"] = summarize_tasks(counts, list((g >= 1) & (g <= t)), ks if n else (), seed=seed)
+
+    def fix(x):
+        failed = x != 1
+        return float(np.mean(x[failed] > 1)) if failed.any() else 0.0
+
+    out["fix_rate"] = {"greedy": fix(g), "sampled": fix(s.reshape(-1)) if n else None}
+    return out
+
+
 def write_dir_atomic(out_dir: str, files: dict[str, str]) -> None:
     """Every file of `files` ({name: text}) in a temporary directory next to `out_dir`, renamed to it when
     complete: on any error nothing is left (never a half-written result)."""
@@ -706,7 +751,12 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
             **{
                 k: v
                 for k, v in dict(
-                    temperature=o.temperature, top_k=o.top_k, top_p=o.top_p, max_new_tokens=o.max_new_tokens
+                    temperature=o.temperature,
+                    top_k=o.top_k,
+                    top_p=o.top_p,
+                    max_new_tokens=o.max_new_tokens,
+                    max_turns=o.max_turns,
+                    feedback_tokens=o.feedback_tokens,
                 ).items()
                 if v is not None
             },
@@ -746,6 +796,27 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         f"{ro.temperature} (top_k {ro.top_k}, top_p {ro.top_p}), {ro.max_new_tokens} new tokens, "
         f"batch {batch}, prompts {pol['fmt'].kind}, key from {key_from}"
     )
+    turns = None
+    if ro.max_turns > 1:  # later turns: the main job's multi-turn loop with this evaluation's sampling
+        from grpo_jax.policies import sampling
+        from grpo_jax.train.multiturn import EvalTurns
+
+        modes = dict(
+            greedy=sampling.sampling_params(0.0),
+            sampled=sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
+        )
+        sandbox = types.SimpleNamespace(deadline_s=o.deadline)
+        turns = EvalTurns(
+            pol["model"],
+            pol["tok"],
+            pol["fmt"],
+            ChunkedExecutor(executor, progress),
+            sandbox,
+            ro,
+            pol["params"],
+            rng_lib.derive(key, "turns"),
+            **modes,
+        )
     details: dict = {}
     pipeline.evaluate(
         sample_fn,
@@ -759,6 +830,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         deadline_s=o.deadline,
         fmt=pol["fmt"],
         details=details,
+        turns=turns,
     )
     seconds.update(progress.seconds)
 
@@ -798,6 +870,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
     metrics = summarize_tasks(
         [(r["n"], r["c"]) for r in per_task], [r["greedy_passed"] for r in per_task], ks, seed=o.seed or 0
     )
+    by_turn = turn_summaries(details, n, ks, ro.max_turns, seed=o.seed or 0) if turns is not None else None
     seconds["total"] = time.perf_counter() - t_start
     results = {
         "policy": pol["info"],
@@ -815,12 +888,15 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
             "top_p": ro.top_p,
             "max_new_tokens": ro.max_new_tokens,
             "batch": batch,
+            "max_turns": ro.max_turns,
+            "feedback_tokens": ro.feedback_tokens if ro.max_turns > 1 else None,
             "prompt_format": fmt.kind,
             "prompt_len": prompt_len,
             "seed": o.seed,
             "key": key_from,
         },
         "metrics": metrics,
+        "turns": by_turn,
         "statuses": dict(collections.Counter(r["status"] for r in sample_rows)),
         "greedy_statuses": dict(collections.Counter(r["status"] for r in greedy_rows)),
         "grading": dict(collections.Counter(r["grading"] for r in per_task)),
@@ -863,6 +939,8 @@ def policy_eval_from_flags() -> PolicyEval:
         top_k=FLAGS.top_k,
         max_new_tokens=FLAGS.max_new_tokens,
         batch=FLAGS.batch,
+        max_turns=FLAGS.max_turns,
+        feedback_tokens=FLAGS.feedback_tokens,
         seed=FLAGS.seed,
         prompt_format=FLAGS.prompt_format,
         workers=FLAGS.workers,

@@ -1391,9 +1391,31 @@ class RolloutConfig:
         False,
         "Sample and grade step t+1 while the device trains on step t (one step off-policy; needs --tis_cap).",
     )
+    max_turns: int = opt(
+        1,
+        "Turns per trajectory (multi-turn execution feedback; 1 = one program per sample). After a failed "
+        "turn the model sees what its program did on the problem's VISIBLE tests (grpo_jax.codegen.feedback) "
+        "and writes the program again, until a turn passes or max_turns are used; the reward is the last "
+        "turn's and the loss covers the model's tokens of every turn.",
+    )
+    feedback_tokens: int = opt(
+        128, "The most tokens of one feedback turn (with --max_turns > 1; the message is cut to fit)."
+    )
+    turn_discount: float = opt(
+        1.0,
+        "With --max_turns > 1: the reward of a trajectory that ends at turn t is multiplied by "
+        "turn_discount^(t-1) (1 = no discount; < 1 prefers passing early).",
+    )
+
+    @property
+    def completion_len(self) -> int:
+        """T of the batch: every turn's reply and every feedback turn between them."""
+        return self.max_turns * self.max_new_tokens + (self.max_turns - 1) * self.feedback_tokens
 
     def __post_init__(self):
-        _positive(self, ("prompts_per_step", "max_new_tokens", "temperature"))
+        _positive(self, ("prompts_per_step", "max_new_tokens", "temperature", "max_turns", "feedback_tokens"))
+        if not 0 < self.turn_discount <= 1:
+            fail(self, "turn_discount", "must be in (0, 1]")
         if self.group_size < 2:
             fail(self, "group_size", "must be >= 2 (group-relative advantages need a group)")
         _positive(self, ("top_k", "dynamic_max_rounds"), strict=False)
@@ -1579,9 +1601,15 @@ class EvalConfig:
     humaneval: bool = opt(
         False, "Also evaluate greedy pass@1 on HumanEval's 164 problems (humaneval/pass@1)."
     )
+    max_turns: int = opt(
+        0,
+        "Turns of the held-out evaluation with execution feedback (turn{t}/pass@k and fix_rate for t = "
+        "1..N; 0 = the run's --max_turns). E.g. 2 with --max_turns=1: does a single-turn policy use "
+        "feedback? (Uses --feedback_tokens.)",
+    )
 
     def __post_init__(self):
-        _positive(self, ("every",), strict=False)
+        _positive(self, ("every", "max_turns"), strict=False)
         _positive(self, ("batch",))
         _positive(self, ("samples",), strict=False)
         if not 0 <= self.mbpp <= 500:
@@ -1917,6 +1945,8 @@ class RunConfig:
                 "from them (critic, KL-shaped rewards) and its refills would break the compute match with "
                 "GRPO: drop it with --algorithm=ppo",
             )
+        if ro.max_turns > 1:
+            self._check_multi_turn()
         if self.curriculum.start_level >= len(self.tasks.rl_levels):
             fail(
                 self,
@@ -1932,11 +1962,31 @@ class RunConfig:
             )
         _check_sub_settings(self, "")
 
+    def _check_multi_turn(self) -> None:
+        """--max_turns > 1: the mechanisms whose samples are not trajectories are refused, one line each."""
+        refuse = [
+            (
+                "objective.algorithm",
+                self.objective.algorithm == "ppo",
+                "PPO's critic is not trained on trajectories",
+            ),
+            ("pool.capacity", self.pool.enabled, "the policy pool samples single-turn completions"),
+            ("replay.fraction", self.replay.enabled, "replayed successes are single-turn completions"),
+            (
+                "dist.num_processes",
+                self.dist.enabled,
+                "feedback turns are graded in one process only for now",
+            ),
+        ]
+        for path, bad, why in refuse:
+            if bad:
+                fail(self, path, f"not with --max_turns={self.rollout.max_turns}: {why} (use --max_turns=1)")
+
     def _derive(self) -> None:
         """The derived fields, in one place: the defaults that depend on the model (AUTO_DEFAULTS: a
         pretrained --init_from model gets no SFT and chat prompts, a model trained from scratch 300 SFT steps
         and plain prompts, unless the field was given), and the loss's max_len (Dr. GRPO's L) =
-        max_new_tokens."""
+        max_new_tokens x max_turns (the model's own tokens of a whole trajectory)."""
         pick = 1 if self.model.init_from else 0
         if self.sft.steps is None:
             sft = dataclasses.replace(self.sft, steps=AUTO_DEFAULTS["sft.steps"][pick])
@@ -1944,8 +1994,9 @@ class RunConfig:
         if self.tasks.prompt_format == "auto":
             fmt = AUTO_DEFAULTS["tasks.prompt_format"][pick]
             object.__setattr__(self, "tasks", dataclasses.replace(self.tasks, prompt_format=fmt))
-        if self.objective.loss.max_len != self.rollout.max_new_tokens:
-            loss = dataclasses.replace(self.objective.loss, max_len=self.rollout.max_new_tokens)
+        max_len = self.rollout.max_new_tokens * self.rollout.max_turns  # the model's tokens of all turns
+        if self.objective.loss.max_len != max_len:
+            loss = dataclasses.replace(self.objective.loss, max_len=max_len)
             object.__setattr__(self, "objective", dataclasses.replace(self.objective, loss=loss))
 
     def to_json(self) -> dict:

@@ -7,8 +7,10 @@ one error line, a SIGKILL and its resume, several processes — stays with subpr
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from grpo_jax import cli
@@ -54,3 +56,19 @@ def command(*args) -> list[str]:
 def subprocess_run(*args, timeout=600):
     """The real main job in a new process (for what only a process shows)."""
     return subprocess.run(command(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def kill_after_checkpoint(*args, workdir, step: int, timeout=300) -> None:
+    """Start the real main job and SIGKILL it once its checkpoint `step` exists (before the run ends)."""
+    proc = subprocess.Popen(
+        command(*args, f"--workdir={workdir}"), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + timeout
+    try:
+        while not (Path(workdir) / "checkpoints" / str(step)).exists():
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, f"no step-{step} checkpoint within {timeout} s"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(timeout=60)

@@ -85,21 +85,7 @@ def test_sigkill_and_resume_is_bit_identical(uninterrupted, tmp_path):
     bit-identical to the uninterrupted run (made in-process: the two paths compute the same bits)."""
     _, ref, _ = uninterrupted
     wd = tmp_path / "killed"
-    proc = subprocess.Popen(
-        mainjob.command(TINY, f"--workdir={wd}"),
-        cwd=mainjob.ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    try:
-        while not (wd / "checkpoints" / "4").exists():  # killed after the step-4 checkpoint, before the end
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no step-4 checkpoint within 300 s"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait(timeout=60)
+    mainjob.kill_after_checkpoint(TINY, workdir=wd, step=4)  # after the step-4 checkpoint, before the end
     assert not (wd / "results.json").exists()
     resumed = mainjob.subprocess_run(TINY, f"--workdir={wd}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

@@ -32,6 +32,9 @@ from grpo_jax.tokenization.batch import decode_completions
 
 # sample_fn(prompt [b, P], prompt_mask [b, P], n, greedy) -> (tokens [b, n, T], mask [b, n, T])
 SampleFn = Callable[[np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
+# turns(problems [b], prompt, prompt_mask, tokens [b, n, T], mask, n, greedy) -> the turn at which each of the
+# b * n samples passed (0: none), for multi-turn evaluation; `.max_turns` (grpo_jax.train.multiturn.EvalTurns)
+TurnsFn = Callable[..., np.ndarray]
 
 
 DEFAULT_INSTRUCTION = (
@@ -65,10 +68,15 @@ def render_prompt(tok, problem: Problem, fmt: PromptFormat = PLAIN) -> str:
         return problem.prompt
     if fmt.kind != "chat":
         raise ValueError(f"PromptFormat.kind={fmt.kind!r}: valid: plain, chat")
+    return tok.apply_chat_template(render_messages(problem, fmt), add_generation_prompt=True)
+
+
+def render_messages(problem: Problem, fmt: PromptFormat) -> list[dict[str, str]]:
+    """The chat messages of `problem` (chat format): the optional system turn and the user turn."""
     messages = [{"role": "system", "content": fmt.system}] if fmt.system else []
     template = fmt.instruction if problem.completion_mode == "append" else fmt.program_instruction
     messages.append({"role": "user", "content": template.replace("{prompt}", problem.prompt)})
-    return tok.apply_chat_template(messages, add_generation_prompt=True)
+    return messages
 
 
 def extract_code(reply: str) -> str:
@@ -175,15 +183,18 @@ def _batched_samples(
     n: int,
     greedy: bool,
     fmt: PromptFormat,
-) -> list[str]:
-    """Problem-major completion texts (n per problem); the last batch is padded by repeating a problem so
-    the sampler sees one static shape. prompt_len None: problems are batched in order of prompt length and
-    each batch is padded to its own length (a multiple of BUCKET), so one long prompt pads no other batch."""
+    turns: TurnsFn | None = None,
+) -> tuple[list[str], np.ndarray | None]:
+    """Problem-major completion texts (n per problem) and, with `turns`, the turn at which each sample passed
+    [len(problems) * n]; the last batch is padded by repeating a problem so the sampler sees one static shape.
+    prompt_len None: problems are batched in order of prompt length and each batch is padded to its own length
+    (a multiple of BUCKET), so one long prompt pads no other batch."""
     order = list(range(len(problems)))
     if prompt_len is None:
         lengths = [len(tok.encode(render_prompt(tok, p, fmt))) for p in problems]
         order.sort(key=lambda i: lengths[i])
     texts: list[str] = [""] * (len(problems) * n)
+    passed_turn = None if turns is None else np.zeros(len(problems) * n, np.int64)
     for start in range(0, len(order), batch):
         ids = order[start : start + batch]
         chunk = [problems[i] for i in ids]
@@ -193,9 +204,12 @@ def _batched_samples(
         prompt, pmask = encode_prompts(tok, chunk, plen, fmt)
         tokens, mask = sample_fn(prompt, pmask, n, greedy)
         out = decode_completions(tok, np.asarray(tokens)[:real], np.asarray(mask)[:real])
+        pt = None if turns is None else turns(chunk, prompt, pmask, tokens, mask, n, greedy)
         for j, i in enumerate(ids):
             texts[i * n : (i + 1) * n] = out[j * n : (j + 1) * n]
-    return texts
+            if pt is not None:
+                passed_turn[i * n : (i + 1) * n] = pt[j * n : (j + 1) * n]
+    return texts, passed_turn
 
 
 def evaluate(
@@ -211,6 +225,7 @@ def evaluate(
     deadline_s: float | None = None,
     fmt: PromptFormat = PLAIN,
     details: dict | None = None,
+    turns: TurnsFn | None = None,
 ) -> dict[str, float]:
     """Held-out metrics as a flat dict of floats.
 
@@ -222,7 +237,11 @@ def evaluate(
     prompt_len None: each batch at its own prompt length (see _batched_samples).
     details: a dict to receive what the metrics were computed from (nothing else changes):
     "greedy" = (texts [B], verdicts [B]) and, when sampled, "sampled" = (texts [B * n_samples], verdicts),
-    problem-major; texts are the model's replies (completion_for turns one into the graded completion).
+    problem-major; texts are the model's replies (completion_for turns one into the graded completion);
+    with `turns`, "greedy_turn" / "sampled_turn", the turn at which each passed (0: none).
+    turns: multi-turn execution feedback (grpo_jax.train.multiturn.EvalTurns): the same metrics after each
+    turn t as "turn{t}/pass@1" (greedy) and "turn{t}/pass@k" (sampled), with "fix_rate" (greedy: of the
+    problems that failed turn 1, the fraction a later turn passed); the plain keys stay turn 1's.
     """
     ks = [int(k) for k in ks]
     if any(k < 1 or k > n_samples for k in ks):
@@ -232,12 +251,20 @@ def evaluate(
         raise ValueError("evaluate: no problems")
     out: dict[str, float] = {"n_problems": float(len(problems))}
 
-    greedy_texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, 1, True, fmt)
+    greedy_texts, greedy_turn = _batched_samples(
+        sample_fn, tok, problems, prompt_len, batch, 1, True, fmt, turns
+    )
     greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
     if details is not None:
         details["greedy"] = (greedy_texts, greedy_verdicts)
+        if greedy_turn is not None:
+            details["greedy_turn"] = greedy_turn
     greedy_ok = greedy_r[:, 0]
     out["pass@1"] = float(greedy_ok.mean())
+    if greedy_turn is not None:
+        out.update(_turn_metrics(greedy_turn, 1, [1], turns.max_turns))
+        failed = greedy_turn != 1
+        out["fix_rate"] = float(np.mean(greedy_turn[failed] > 1)) if failed.any() else 0.0
 
     levels = sorted({p.level for p in problems})
     level_of = np.asarray([p.level for p in problems])
@@ -245,10 +272,16 @@ def evaluate(
         out[f"level{lv}/pass@1"] = float(greedy_ok[level_of == lv].mean())
 
     if n_samples > 0 and ks:
-        texts = _batched_samples(sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt)
+        texts, turn = _batched_samples(
+            sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt, turns
+        )
+        if turn is not None:
+            out.update(_turn_metrics(turn, n_samples, [k for k in ks if k > 1], turns.max_turns))
         verdicts, r = score_completions(executor, problems, texts, n_samples, deadline_s, fmt)
         if details is not None:
             details["sampled"] = (texts, verdicts)
+            if turn is not None:
+                details["sampled_turn"] = turn
         correct = r.sum(axis=1).astype(int)
         out["pass@1/sampled"] = float(np.mean([pass_at_k(n_samples, c, 1) for c in correct]))
         for k in ks:
@@ -259,4 +292,16 @@ def evaluate(
             out[f"level{lv}/pass_rate"] = float(r[level_of == lv].mean())
         for s, c in rewards_lib.failure_counts(verdicts).items():
             out[f"status/{s}"] = float(c)
+    return out
+
+
+def _turn_metrics(passed_turn: np.ndarray, n: int, ks: Sequence[int], max_turns: int) -> dict[str, float]:
+    """ "turn{t}/pass@k", t = 1..max_turns, from the turn at which each of n samples per problem passed (0:
+    none)."""
+    out = {}
+    pt = passed_turn.reshape(-1, n)
+    for t in range(1, max_turns + 1):
+        correct = ((pt >= 1) & (pt <= t)).sum(1)
+        for k in ks:
+            out[f"turn{t}/pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in correct]))
     return out

@@ -31,9 +31,10 @@ prompt text can occur in both splits.
 
 task_id is "synthetic/L{level}/{split}/{index}", with "/s{seed}" appended when seed != 0.
 
-Hidden tests (5-8 per problem) are parent-graded `TestCase`s whose expected values come from running the
-trusted reference program in-process; they always include edge cases (zero, negatives, empty list/string)
-and never reuse an input shown in the prompt.
+The docstring's examples are the problem's `public_tests` (what the model sees: multi-turn execution
+feedback shows them, never a hidden test). Hidden tests (5-8 per problem) are parent-graded `TestCase`s whose
+expected values come from running the trusted reference program in-process; they always include edge cases
+(zero, negatives, empty list/string) and never reuse an input shown in the prompt.
 """
 
 from __future__ import annotations
@@ -476,12 +477,18 @@ def _build(level: int, index: int, seed: int, split: str) -> tuple[Problem, Sign
         source = f"assert {call(args)} == {expected!r}"
         tests.append(TestCase(call=call(args), expected=expected, source=source))
 
+    # the docstring's examples: visible to the model, so they are the public tests (execution feedback)
+    public = tuple(
+        TestCase(call=call(args), expected=out, source=f"assert {call(args)} == {out!r}")
+        for args, out in examples
+    )
     problem = Problem(
         task_id=f"synthetic/L{level}/{split}/{index}" + (f"/s{seed}" if seed else ""),
         prompt=prompt,
         entry_point=fn,
         reference=prompt + body,
         tests=tuple(tests),
+        public_tests=public,
         completion_mode="append",
         level=level,
         split=split,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import reprlib
 import signal
 from collections.abc import Sequence
 from decimal import Decimal, InvalidOperation
@@ -321,6 +322,27 @@ def _text(x: Any, n: int = 200) -> str:
     return "".join(c if c.isprintable() else "?" for c in x)
 
 
+GOT_CHARS = 400  # the most characters of a wrong answer's actual result kept in TestResult.got
+_REPR = reprlib.Repr()  # (Python 3.11's Repr takes no keyword arguments)
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxset, _REPR.maxdict = 4, 12, 12, 12, 8
+_REPR.maxstring, _REPR.maxlong, _REPR.maxother = 120, 60, 60
+
+
+def _short_repr(v: Any) -> str:
+    """A bounded repr of a child's plain value (builtin data only, after `untag`): long containers and
+    strings elided with '...', so a huge result costs no more than a short one."""
+    return _REPR.repr(v)
+
+
+def _as_text(b: bytes) -> str:
+    return b[: GOT_CHARS * 4].decode("utf-8", "replace")
+
+
+def _shown(x: str, n: int) -> str:
+    """`_text` that keeps line breaks and tabs (a program's output is shown line by line)."""
+    return "".join(c if c.isprintable() or c in "\n\t" else "?" for c in x[:n])
+
+
 _MEMORY_EXC = {"MemoryError"}
 
 
@@ -391,7 +413,8 @@ def grade(
                 got = untag(r["v"])
                 ok = check_value(tc, got)
                 why = "" if ok or tc.kind != "invalid" else f"expected value unavailable: {tc.expected}"
-                results.append(TestResult(ok, Status.PASSED if ok else Status.WRONG_ANSWER, s, why))
+                shown = "" if ok else _shown(_short_repr(got), GOT_CHARS)
+                results.append(TestResult(ok, Status.PASSED if ok else Status.WRONG_ANSWER, s, why, shown))
             except (BadResult, RecursionError, ValueError, OverflowError, MemoryError) as e:
                 results.append(TestResult(False, Status.WRONG_ANSWER, s, f"unusable result: {_text(str(e))}"))
         else:
@@ -607,7 +630,7 @@ def grade_stdout_test(
     ok, diff = stdout_matches(stdout, tc.expected, tc.float_tol)
     if ok:
         return TestResult(True, Status.PASSED, secs, "")
-    return TestResult(False, Status.WRONG_ANSWER, secs, diff)
+    return TestResult(False, Status.WRONG_ANSWER, secs, diff, _shown(_as_text(stdout), GOT_CHARS))
 
 
 # the job's status from its tests, worst first (the order of `grade`'s precedence)

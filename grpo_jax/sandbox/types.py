@@ -190,6 +190,9 @@ class TestResult:
     status: Status  # PASSED, WRONG_ANSWER, RUNTIME_ERROR, TIMEOUT, ... for this test
     seconds: float = 0.0
     error: str = ""  # short, parent-sanitised text (exception type/message), never child objects
+    # a wrong answer's actual result as short text (the repr of a call's value, a program's stdout), for
+    # execution feedback (grpo_jax.codegen.feedback); "" otherwise
+    got: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -61,18 +61,23 @@ class Grader:
 
     def grade(self, problems: Sequence[Problem], tokens: np.ndarray, mask: np.ndarray) -> Grades:
         t0 = time.perf_counter()
-        B, G = len(problems), self.G
         texts = decode_completions(self.tok, tokens, mask)
         verdicts, rewards = self.score(problems, texts)
+        return self.assemble(problems, texts, verdicts, rewards, seconds=time.perf_counter() - t0)
+
+    def assemble(self, problems: Sequence[Problem], texts, verdicts, rewards, seconds: float = 0.0) -> Grades:
+        """The Grades of B x G graded rows (texts and verdicts [B * G], rewards [B, G]): adds the per-test
+        results [B, G, M] of the verdicts."""
+        B, G = len(problems), self.G
         n_tests = [len(p.tests) for p in problems for _ in range(G)]
         tv, tm = per_test_rewards(verdicts, self.num_tests, n_tests)
         return Grades(
-            texts=texts,
-            verdicts=verdicts,
-            rewards=rewards,
+            texts=list(texts),
+            verdicts=list(verdicts),
+            rewards=np.asarray(rewards),
             tests=tv.reshape(B, G, self.num_tests),
             test_mask=tm.reshape(B, G, self.num_tests)[:, 0],
-            seconds=time.perf_counter() - t0,
+            seconds=seconds,
         )
 
     def score(self, problems: Sequence[Problem], texts: Sequence[str]) -> tuple[list, np.ndarray]:

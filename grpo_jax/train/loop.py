@@ -36,7 +36,7 @@ from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.tokenization import stop_ids
-from grpo_jax.train import sft
+from grpo_jax.train import multiturn, sft
 from grpo_jax.train.build import Run, RunConfigError, build, placed_state
 from grpo_jax.train.checkpoint import SignalFlag
 from grpo_jax.train.export import export, params_digest
@@ -55,6 +55,7 @@ from grpo_jax.train.state import RunState, make_optimizer
 __all__ = ["RunConfigError", "evaluate", "finish", "rl_step", "run", "setup", "sft_warm_start", "train"]
 
 CONSOLE_KEYS = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
+CONSOLE_KEYS += multiturn.CONSOLE_KEYS
 
 
 def run(cfg: RunConfig, executor: Executor, print_fn: Callable[[str], None] = print, notes=()) -> dict:
@@ -218,6 +219,7 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
         n_samples=cfg.eval.samples,
         ks=cfg.eval.ks,
         prompt_len=cfg.tasks.prompt_len,
+        turns=multiturn.eval_turns(run, params, rng_lib.derive(state.train.rng["eval"], step, "turns")),
         **common,
     )
     for name, problems in run.problems.extra.items():  # greedy pass@1, prompts batched by length
@@ -243,13 +245,8 @@ def eval_sampler(run: Run, params, key):
     def fn(prompt, pmask, n, greedy):
         calls[0] += 1
         if n not in run.eval_samplers:  # one compiled sampler per group size for the whole run
-            run.eval_samplers[n] = sampling.make_sampler(
-                run.model,
-                group=n,
-                max_new=ro.max_new_tokens,
-                eos_id=stop_ids(run.tok),
-                pad_id=run.tok.pad_id,
-            )
+            kw = dict(max_new=ro.max_new_tokens, eos_id=stop_ids(run.tok), pad_id=run.tok.pad_id)
+            run.eval_samplers[n] = sampling.make_sampler(run.model, group=n, **kw)
         sampler = run.eval_samplers[n]
         k = rng_lib.derive(key, calls[0])
         out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)

@@ -45,6 +45,7 @@ from grpo_jax.tokenization import stop_ids
 from grpo_jax.train import sharding
 from grpo_jax.train.distributed import Context
 from grpo_jax.train.grader import Grader, Grades
+from grpo_jax.train.multiturn import MultiTurn, turn_metrics
 from grpo_jax.train.pool_host import PoolRuntime
 from grpo_jax.train.problem_source import GradedRound, ProblemSource
 from grpo_jax.train.samplers import KVCacheSampler, Sampler
@@ -85,6 +86,7 @@ class Round:
     replayed: np.ndarray  # [B] bool: the group's G-th member is a replayed success
     tokens: int
     t_sample: float
+    turns: dict | None = None  # multi-turn counts (grpo_jax.train.multiturn.turn_metrics)
 
     def fresh(self) -> np.ndarray:
         """[B, G] 1 for freshly sampled members (a replayed G-th member is not fresh evidence)."""
@@ -109,8 +111,10 @@ class CodegenRollout:
         ctx: Context | None = None,
         batch_sharding: Any = None,
         log_every: int = 1,
+        turns: MultiTurn | None = None,
     ):
         self.source, self.sampler, self.grader, self.encode = source, sampler, grader, encode
+        self.turns = turns
         self.B, self.G, self.rounds, self.pool_rt = source.B, group, dynamic_rounds, pool
         self.param_fn, self.frozen, self.ctx = param_fn, None, ctx or Context()
         self.batch_sharding, self.log_every = batch_sharding, log_every
@@ -187,7 +191,8 @@ class CodegenRollout:
     def sample_and_grade(self, params, idx: np.ndarray, key: jax.Array, replayed=None) -> Round:
         """Sample G completions for problems idx [B] on the device; decode and grade them on the host."""
         probs = [self.source.problems[i] for i in idx]
-        prompt, pmask = self.place(self.encode(probs))  # the prompts' one trip to the device
+        host_prompt = self.encode(probs)
+        prompt, pmask = self.place(host_prompt)  # the prompts' one trip to the device
         t0 = time.perf_counter()
         out = self.sampler.generate(params, prompt, pmask, key)
         n_rep = 0 if replayed is None else int(replayed["problem"].shape[0])
@@ -197,7 +202,15 @@ class CodegenRollout:
         t1 = time.perf_counter()
         grades = self.grader.grade(probs, tokens, mask)
         replayed_rows = np.arange(self.B) >= self.B - n_rep
-        return Round(np.asarray(idx), prompt, pmask, out, grades, replayed_rows, int(mask.sum()), t1 - t0)
+        counts = None
+        if self.turns is not None:  # later turns on the failed rows; the batch holds whole trajectories
+            logp, trunc = self.ctx.host((out.logp, out.truncated))
+            first = SampleOutput(tokens, logp, mask, None, trunc)
+            out, grades, counts, t_more = self.turns.run(params, probs, *host_prompt, first, grades, key)
+            t1, mask = t1 + t_more, out.mask
+        return Round(
+            np.asarray(idx), prompt, pmask, out, grades, replayed_rows, int(mask.sum()), t1 - t0, counts
+        )
 
     def sample_row(self, x: Round, b: int) -> dict:
         g = x.grades
@@ -269,11 +282,13 @@ def round_metrics(rounds: list[Round]) -> dict[str, float]:
         "time/sample_s": t_s,
         "time/reward_s": t_r,
         "throughput/sample_tokens_per_s": sum(x.tokens for x in rounds) / max(t_s, 1e-9),
+        "rollout/sampled_tokens": float(sum(x.tokens for x in rounds)),  # the model's own tokens, all turns
         "sandbox/programs_per_s": len(verdicts) / max(t_r, 1e-9),  # result-cache hits included
         "sandbox/cache_hits": float(sum(v.cached for v in verdicts)),
     }
     m.update({f"sandbox/{k}": float(v) for k, v in failure_counts(verdicts).items()})
     m.update({f"sandbox/{k}": v for k, v in child_checked_fractions(verdicts).items()})
+    m.update(turn_metrics([x.turns for x in rounds if x.turns is not None]))
     return m
 
 
@@ -382,6 +397,10 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
         return pipeline.encode_prompts(tok, probs, cfg.tasks.prompt_len, fmt)
 
     rounds = ro.dynamic_max_rounds if ro.dynamic_sampling else 0
+    turns = None
+    if ro.max_turns > 1:
+        kw = dict(max_turns=ro.max_turns, feedback_tokens=ro.feedback_tokens, max_new=ro.max_new_tokens)
+        turns = MultiTurn(sampler, grader, tok, fmt, discount=ro.turn_discount, **kw)
     inner = CodegenRollout(
         source,
         sampler,
@@ -394,8 +413,9 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
         ctx=ctx,
         batch_sharding=batch_sharding,
         log_every=cfg.log.every,
+        turns=turns,
     )
     if not ro.async_rewards:
         return inner
-    shape = (ro.prompts_per_step, ro.group_size, cfg.tasks.prompt_len, ro.max_new_tokens)
+    shape = (ro.prompts_per_step, ro.group_size, cfg.tasks.prompt_len, ro.completion_len)
     return AsyncRollout(inner, shape)

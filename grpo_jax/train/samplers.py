@@ -37,8 +37,19 @@ class KVCacheSampler:
         self._fn = sampling.make_sampler(
             model, group=ro.group_size, max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id
         )
+        self._one = sampling.make_sampler(
+            model, group=1, max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id
+        )
 
     def generate(
         self, params: Any, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array
     ) -> SampleOutput:
         return self._fn(params, prompt, prompt_mask, key, self.params)
+
+    def continue_(
+        self, params: Any, context: jax.Array, context_mask: jax.Array, key: jax.Array
+    ) -> SampleOutput:
+        """One more reply [R, 1, T] for each of R conversations [R, P'] (left-padded; a multi-turn
+        trajectory's later turn, grpo_jax.train.multiturn). The conversation is encoded again (prefill), not
+        continued from the previous turn's KV cache."""
+        return self._one(params, context, context_mask, key, self.params)

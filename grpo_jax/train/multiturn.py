@@ -1,0 +1,277 @@
+"""Multi-turn trajectories (--max_turns > 1): the model writes a program, sees what it did on the VISIBLE
+tests (grpo_jax.codegen.feedback), and writes it again, until a turn passes or max_turns are used.
+
+    turns = MultiTurn(sampler, grader, tok, fmt, max_turns=K, feedback_tokens=F, max_new=T, discount=d)
+    out, grades, counts, seconds = turns.run(params, problems, prompt, pmask, first, grades1, key)
+
+`first` is turn 1 as the rollout sampled it ([B, G, T] host arrays) and `grades1` its grades. Every failed row
+gets a feedback turn (at most F tokens) and one more reply, sampled for all such rows of the batch at once;
+rows that passed stop (they cost no further decoding). A trajectory is packed as ONE completion of T_tot = K*T
++ (K-1)*F tokens after the prompt, with no gap:
+
+    reply 1 (up to and including its end-of-turn) | feedback 1 | reply 2 | ... | pad
+
+so the train step's log-probs of the completion (causal over the prompt and every earlier token of it) are
+exactly those the sampler conditioned on, and its loss mask (`SampleOutput.mask`) is 1 on the model's own
+tokens only: feedback and padding are context, never trained on. `logp` holds the behaviour log-probs of the
+model's tokens (0 elsewhere); `truncated` is the last turn's. The reward of a trajectory is its last turn's
+all-pass reward times discount^(turns - 1); the per-test results are the last turn's. GRPO's group advantage
+is then over the G trajectories of a prompt, as for single turns.
+
+A later turn re-encodes its conversation (prompt + earlier turns, left-padded to P + (k-1)(T+F)) with the
+policy's sampler (group 1), in batches padded to a power of two rows; continuing from the previous turn's KV
+cache instead is left to do. Keys: turn k of a round draws with derive(round key, "turn/k"), so sampling stays
+a function of (stream, step). One process only (config refuses --dist with --max_turns > 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import rng as rng_lib
+from grpo_jax.codegen import feedback, pipeline
+from grpo_jax.problem import Problem
+from grpo_jax.tokenization import decode_completions, stop_ids
+from grpo_jax.train.grader import Grader, Grades
+from grpo_jax.types import SampleOutput
+
+CONSOLE_KEYS = ("multiturn/pass_after_turn1", "multiturn/fix_rate")  # on the main job's step line, when on
+
+
+def bucket(n: int, cap: int) -> int:
+    """Rows of a later turn's sampling batch: the next power of two >= n, at most cap (few compiled
+    shapes)."""
+    return min(cap, 1 << max(0, int(n) - 1).bit_length())
+
+
+def trajectory_rewards(passed: np.ndarray, turns: np.ndarray, discount: float) -> np.ndarray:
+    """[N] reward of each trajectory: its last turn's all-pass reward (1 / 0) x discount^(turns - 1)."""
+    return np.where(passed, np.float32(discount) ** (turns - 1).astype(np.float32), 0.0).astype(np.float32)
+
+
+class MultiTurn:
+    """See the module docstring. `sampler.continue_(params, context [R, P'], mask, key) -> SampleOutput
+    [R, 1, T]`; `grader` grades and runs the public-test feedback jobs in its sandbox."""
+
+    def __init__(
+        self, sampler, grader: Grader, tok, fmt, *, max_turns, feedback_tokens, max_new, discount=1.0
+    ):
+        self.sampler, self.grader, self.tok, self.fmt = sampler, grader, tok, fmt
+        self.K, self.F, self.T, self.discount = max_turns, feedback_tokens, max_new, discount
+
+    @property
+    def length(self) -> int:
+        return self.K * self.T + (self.K - 1) * self.F
+
+    def feedback_ids(self, problems: Sequence[Problem], replies: Sequence[str], ended_with: Sequence) -> list:
+        """The feedback turn's token ids of each failed reply, from its run on the public tests only
+        (`ended_with`: each reply's end-of-turn id, None where it was cut at the length limit)."""
+        programs = [
+            p.program_for(pipeline.completion_for(p, r, self.fmt))
+            for p, r in zip(problems, replies, strict=True)
+        ]
+        public = self.grader.executor.run(
+            feedback.public_jobs(problems, programs), deadline_s=self.grader.deadline_s
+        )
+        return [
+            feedback.continuation_ids(
+                self.tok,
+                self.fmt,
+                p,
+                feedback.feedback_message(p, v),
+                ended_with=e,
+                budget=self.F,
+            )
+            for p, v, e in zip(problems, public, ended_with, strict=True)
+        ]
+
+    def run(
+        self,
+        params: Any,
+        problems,
+        prompt: np.ndarray,
+        pmask: np.ndarray,
+        first: SampleOutput,
+        grades: Grades,
+        key,
+    ) -> tuple[SampleOutput, Grades, dict, float]:
+        """(trajectories [B, G, T_tot] as host arrays, their grades, counts for `turn_metrics`, sampling
+        s)."""
+        B, G = len(problems), self.grader.G
+        N, T, K = B * G, self.T, self.K
+        tokens = np.full((N, self.length), self.tok.pad_id, np.int32)
+        mask = np.zeros((N, self.length), np.float32)
+        logp = np.zeros((N, self.length), np.float32)
+        m1 = np.asarray(first.mask).reshape(N, T)
+        tokens[:, :T] = np.asarray(first.tokens).reshape(N, T)
+        mask[:, :T], logp[:, :T] = m1, np.asarray(first.logp).reshape(N, T)
+        length = m1.sum(1).astype(np.int64)
+        truncated = np.asarray(first.truncated).reshape(N).copy()
+        verdicts = list(grades.verdicts)
+        passed = np.asarray([v.passed for v in verdicts])
+        turns = np.ones(N, np.int64)
+        replies = list(grades.texts)
+        row_problem = [problems[r // G] for r in range(N)]
+        counts = {"rows": N, "passed": np.zeros(K), "len": np.zeros(K), "turn_rows": np.zeros(K), "fb": 0.0}
+        counts["passed"][0], counts["len"][0], counts["turn_rows"][0] = passed.sum(), length.sum(), N
+        t_sample = 0.0
+        for k in range(2, K + 1):
+            rows = np.flatnonzero(~passed)
+            if not rows.size:
+                break
+            probs = [row_problem[r] for r in rows]
+            last = [None if truncated[r] else int(tokens[r, length[r] - 1]) for r in rows]
+            fb = self.feedback_ids(probs, [replies[r] for r in rows], last)
+            for r, ids in zip(rows, fb, strict=True):
+                tokens[r, length[r] : length[r] + len(ids)] = ids
+                length[r] += len(ids)
+                counts["fb"] += len(ids)
+            ctx, cmask = self.contexts(prompt, pmask, tokens, length, rows, G, k, N)
+            t0 = time.perf_counter()
+            out = self.sampler.continue_(
+                params, jnp.asarray(ctx), jnp.asarray(cmask), rng_lib.derive(key, f"turn/{k}")
+            )
+            tk, mk, lk, trk = (
+                np.asarray(x)[: rows.size, 0] for x in (out.tokens, out.mask, out.logp, out.truncated)
+            )
+            t_sample += time.perf_counter() - t0
+            for j, r in enumerate(rows):
+                n = int(mk[j].sum())
+                sl = slice(length[r], length[r] + n)
+                tokens[r, sl], mask[r, sl], logp[r, sl] = tk[j, :n], 1.0, lk[j, :n]
+                length[r] += n
+            truncated[rows], turns[rows] = trk, k
+            texts = decode_completions(self.tok, tk, mk)
+            v, _ = pipeline.score_completions(
+                self.grader.executor, probs, texts, 1, self.grader.deadline_s, self.fmt
+            )
+            for j, r in enumerate(rows):
+                verdicts[r], replies[r], passed[r] = v[j], texts[j], v[j].passed
+            counts["passed"][k - 1] = passed.sum()
+            counts["len"][k - 1], counts["turn_rows"][k - 1] = mk.sum(), rows.size
+        counts["passed"][1:] = np.maximum.accumulate(counts["passed"])[1:]  # a turn not run adds no pass
+        counts["passed_turn"] = np.where(passed, turns, 0)  # [N] the turn that passed, 0: none
+        counts["turns"] = float(turns.sum())
+        counts["fixed"] = float(np.sum(passed & (turns > 1)))
+        counts["failed_first"] = float(N - counts["passed"][0])
+        rewards = trajectory_rewards(passed, turns, self.discount)
+        out = SampleOutput(
+            tokens.reshape(B, G, -1),
+            logp.reshape(B, G, -1),
+            mask.reshape(B, G, -1),
+            mask.sum(1).astype(np.int32).reshape(B, G),
+            truncated.reshape(B, G),
+        )
+        texts = [self.tok.decode(tokens[r, : length[r]].tolist(), skip_special=False) for r in range(N)]
+        return out, self.grader.assemble(problems, texts, verdicts, rewards.reshape(B, G)), counts, t_sample
+
+    def contexts(self, prompt, pmask, tokens, length, rows, G, k, N) -> tuple[np.ndarray, np.ndarray]:
+        """Turn k's conversations of `rows` ([R', P + (k-1)(T+F)], left-padded; R' = bucket(R) rows, the extra
+        ones copies of the first): the prompt's real tokens, then the trajectory so far."""
+        width = prompt.shape[1] + (k - 1) * (self.T + self.F)
+        n = bucket(rows.size, N)
+        ctx = np.full((n, width), self.tok.pad_id, np.int32)
+        cmask = np.zeros((n, width), np.int32)
+        for j in range(n):
+            r = rows[min(j, rows.size - 1)]
+            b = r // G
+            seq = np.concatenate([prompt[b][pmask[b] > 0], tokens[r, : length[r]]])
+            ctx[j, width - seq.size :], cmask[j, width - seq.size :] = seq, 1
+        return ctx, cmask
+
+
+def turn_metrics(counts: Sequence[dict]) -> dict[str, float]:
+    """Logged figures of a step's multi-turn rounds: turns used, pass rate after each turn, fix rate (of the
+    trajectories that failed turn 1, the fraction a later turn passed), feedback tokens, reply lengths."""
+    if not counts:
+        return {}
+    rows = sum(c["rows"] for c in counts)
+    passed = sum(c["passed"] for c in counts)
+    length, turn_rows = sum(c["len"] for c in counts), sum(c["turn_rows"] for c in counts)
+    failed = sum(c["failed_first"] for c in counts)
+    m = {
+        "multiturn/turns_mean": sum(c["turns"] for c in counts) / rows,
+        "multiturn/fix_rate": sum(c["fixed"] for c in counts) / max(failed, 1.0),
+        "multiturn/feedback_tokens_mean": sum(c["fb"] for c in counts) / rows,
+    }
+    for k in range(len(passed)):
+        m[f"multiturn/pass_after_turn{k + 1}"] = float(passed[k] / rows)
+        if turn_rows[k]:
+            m[f"multiturn/reply_len_turn{k + 1}"] = float(length[k] / turn_rows[k])
+    return m
+
+
+class EvalTurns:
+    """The later turns of a held-out evaluation (`pipeline.evaluate(..., turns=EvalTurns(...))`): called with
+    each batch's turn-1 samples, it runs turns 2..K on the failed ones with the evaluation's sampling
+    (`greedy` or `sampled` SamplingParams, as turn 1; keys derived from `key` per call) and returns the turn
+    at which each sample passed (0: none)."""
+
+    def __init__(
+        self, model, tok, fmt, executor, sandbox, ro, params, key, *, greedy, sampled, max_turns=None
+    ):
+        from grpo_jax.policies import sampling  # the jitted sampler (this module stays host-only otherwise)
+
+        self.tok, self.fmt, self.executor, self.sandbox, self.ro = tok, fmt, executor, sandbox, ro
+        self.params, self.key, self.calls, self.modes = params, key, 0, {True: greedy, False: sampled}
+        self.max_turns = max_turns or ro.max_turns
+        eos = tuple(int(i) for i in stop_ids(tok))
+        self.one = sampling.make_sampler(
+            model, group=1, max_new=ro.max_new_tokens, eos_id=eos, pad_id=tok.pad_id
+        )
+        self.stops, self.sp = np.asarray(eos), greedy
+
+    def continue_(self, params, ctx, cmask, key):
+        return self.one(params, ctx, cmask, key, self.sp)
+
+    def __call__(self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool) -> np.ndarray:
+        self.calls, self.sp = self.calls + 1, self.modes[greedy]
+        num_tests = max(1, max(len(p.tests) for p in problems))
+        grader = Grader(self.executor, self.sandbox, self.tok, self.fmt, group=n, num_tests=num_tests)
+        tokens, mask = np.asarray(tokens), np.asarray(mask)
+        ended = (np.isin(tokens, self.stops) & (mask > 0)).any(-1)
+        first = SampleOutput(tokens, np.zeros(mask.shape, np.float32), mask, None, ~ended)
+        grades = grader.grade(problems, tokens, mask)
+        ro = self.ro
+        mt = MultiTurn(
+            self,
+            grader,
+            self.tok,
+            self.fmt,
+            max_turns=self.max_turns,
+            feedback_tokens=ro.feedback_tokens,
+            max_new=ro.max_new_tokens,
+        )
+        key = rng_lib.derive(self.key, self.calls)
+        return mt.run(self.params, problems, prompt, pmask, first, grades, key)[2]["passed_turn"]
+
+
+def eval_turns(run, params, key) -> EvalTurns | None:
+    """The held-out evaluation's later turns of a run (grpo_jax.train.loop.evaluate): --eval_max_turns, else
+    --max_turns; None for one turn."""
+    from grpo_jax.policies import sampling
+
+    ro, turns = run.cfg.rollout, run.cfg.eval.max_turns or run.cfg.rollout.max_turns
+    if turns == 1:
+        return None
+    modes = dict(
+        greedy=sampling.sampling_params(0.0),
+        sampled=sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
+    )
+    return EvalTurns(
+        run.model,
+        run.tok,
+        run.cfg.tasks.prompt,
+        run.executor,
+        run.cfg.sandbox,
+        ro,
+        params,
+        key,
+        **modes,
+        max_turns=turns,
+    )
