@@ -235,13 +235,21 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
 
 
 def _decode_loop(
-    cache, logits, choose_fn, decode_fn, *, max_new: int, eos_id: int | tuple[int, ...], pad_id: int
-) -> SampleOutput:
+    cache,
+    logits,
+    choose_fn,
+    decode_fn,
+    *,
+    max_new: int,
+    eos_id: int | tuple[int, ...],
+    pad_id: int,
+    with_cache: bool = False,
+):
     """The token loop shared by `sample` and `sample_members`: a `lax.while_loop` that stops once every
     sample has emitted EOS — any id of `eos_id` when it is a tuple (an instruct model's end-of-turn and
     end-of-text) — or after max_new tokens. logits [..., V] are the next-token logits of every
     sample (leading shape `lead`); choose_fn(logits, t) -> (tokens, logp) [lead]; decode_fn(cache, tokens, t)
-    -> (cache, logits)."""
+    -> (cache, logits). Returns the SampleOutput, or (SampleOutput, the final cache) `with_cache`."""
     lead = logits.shape[:-1]
     at = (0,) * len(lead)
     zeros_i = jnp.full((*lead, max_new), pad_id, jnp.int32)
@@ -264,9 +272,10 @@ def _decode_loop(
         return t + 1, cache, logits, finished, toks, lps, msk
 
     init = (jnp.int32(0), cache, logits, jnp.zeros(lead, bool), zeros_i, zeros_f, zeros_f)
-    _, _, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
+    _, cache, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, init)
     lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
-    return SampleOutput(toks, lps, msk, lengths, ~finished)
+    out = SampleOutput(toks, lps, msk, lengths, ~finished)
+    return (out, cache) if with_cache else out
 
 
 def sample(
@@ -281,8 +290,11 @@ def sample(
     max_new: int,
     eos_id: int | tuple[int, ...],
     pad_id: int,
+    with_cache: bool = False,
 ) -> SampleOutput:
-    """Draw `group` completions of up to `max_new` tokens for each left-padded prompt [B, P]."""
+    """Draw `group` completions of up to `max_new` tokens for each left-padded prompt [B, P]; `with_cache`:
+    (SampleOutput, the final KV cache), for a later turn that continues these conversations
+    (grpo_jax.policies.continuation)."""
     b = prompt.shape[0]
     cache, logits0 = tfm.prefill(params, cfg, prompt, prompt_mask, group, max_new)
     layers = tfm.split_layers(params)  # once, outside the loop
@@ -295,6 +307,7 @@ def sample(
         max_new=max_new,
         eos_id=eos_id,
         pad_id=pad_id,
+        with_cache=with_cache,
     )
 
 
@@ -397,9 +410,16 @@ def sample_lora_members(
 
 @functools.lru_cache(maxsize=64)
 def make_sampler(
-    cfg: tfm.TransformerConfig, *, group: int, max_new: int, eos_id: int | tuple[int, ...], pad_id: int
+    cfg: tfm.TransformerConfig,
+    *,
+    group: int,
+    max_new: int,
+    eos_id: int | tuple[int, ...],
+    pad_id: int,
+    with_cache: bool = False,
 ):
-    """A jitted `sampler(params, prompt, prompt_mask, key, sp) -> SampleOutput` (compiled once per shape)."""
+    """A jitted `sampler(params, prompt, prompt_mask, key, sp) -> SampleOutput` (compiled once per shape);
+    `with_cache`: -> (SampleOutput, KVCache)."""
 
     def fn(params, prompt, prompt_mask, key, sp):
         return sample(
@@ -413,6 +433,7 @@ def make_sampler(
             max_new=max_new,
             eos_id=eos_id,
             pad_id=pad_id,
+            with_cache=with_cache,
         )
 
     return jax.jit(fn)

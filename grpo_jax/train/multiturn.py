@@ -35,6 +35,7 @@ import numpy as np
 
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import feedback, pipeline
+from grpo_jax.policies import continuation
 from grpo_jax.problem import Problem
 from grpo_jax.tokenization import decode_completions, stop_ids
 from grpo_jax.train.grader import Grader, Grades
@@ -55,8 +56,10 @@ def trajectory_rewards(passed: np.ndarray, turns: np.ndarray, discount: float) -
 
 
 class MultiTurn:
-    """See the module docstring. `sampler.continue_(params, context [R, P'], mask, key) -> SampleOutput
-    [R, 1, T]`; `grader` grades and runs the public-test feedback jobs in its sandbox."""
+    """See the module docstring. `sampler.continue_from_cache(params, row_cache, feedback [R, F], mask, key)`
+    and `sampler.continue_from_tokens(params, context [R, S], mask, key)` -> (SampleOutput [R, 1, T], the
+    RowCache after it) (grpo_jax.policies.continuation); `grader` grades and runs the public-test feedback
+    jobs in its sandbox."""
 
     def __init__(
         self, sampler, grader: Grader, tok, fmt, *, max_turns, feedback_tokens, max_new, discount=1.0
@@ -99,6 +102,7 @@ class MultiTurn:
         first: SampleOutput,
         grades: Grades,
         key,
+        cache=None,
     ) -> tuple[SampleOutput, Grades, dict, float]:
         """(trajectories [B, G, T_tot] as host arrays, their grades, counts for `turn_metrics`, sampling
         s)."""
@@ -119,7 +123,7 @@ class MultiTurn:
         row_problem = [problems[r // G] for r in range(N)]
         counts = {"rows": N, "passed": np.zeros(K), "len": np.zeros(K), "turn_rows": np.zeros(K), "fb": 0.0}
         counts["passed"][0], counts["len"][0], counts["turn_rows"][0] = passed.sum(), length.sum(), N
-        t_sample = 0.0
+        t_sample, rc, held = 0.0, None, None  # rc: the RowCache of the rows `held` (the last turn's batch)
         for k in range(2, K + 1):
             rows = np.flatnonzero(~passed)
             if not rows.size:
@@ -127,15 +131,31 @@ class MultiTurn:
             probs = [row_problem[r] for r in rows]
             last = [None if truncated[r] else int(tokens[r, length[r] - 1]) for r in rows]
             fb = self.feedback_ids(probs, [replies[r] for r in rows], last)
+            idx = np.r_[rows, np.full(bucket(rows.size, N) - rows.size, rows[0])]  # the batch's rows, padded
+            fb_tok = np.full((idx.size, self.F), self.tok.pad_id, np.int32)
+            fb_mask = np.zeros((idx.size, self.F), np.int32)
+            for j, ids in enumerate(fb + [fb[0]] * (idx.size - rows.size)):
+                fb_tok[j, : len(ids)], fb_mask[j, : len(ids)] = ids, 1
             for r, ids in zip(rows, fb, strict=True):
                 tokens[r, length[r] : length[r] + len(ids)] = ids
                 length[r] += len(ids)
                 counts["fb"] += len(ids)
-            ctx, cmask = self.contexts(prompt, pmask, tokens, length, rows, G, k, N)
             t0 = time.perf_counter()
-            out = self.sampler.continue_(
-                params, jnp.asarray(ctx), jnp.asarray(cmask), rng_lib.derive(key, f"turn/{k}")
-            )
+            key_k = rng_lib.derive(key, f"turn/{k}")
+            if rc is None and cache is None:  # no first-turn cache (evaluation): encode the conversations
+                ctx, cmask = self.contexts(prompt, pmask, tokens, length, idx, k)
+                out, rc = self.sampler.continue_from_tokens(
+                    params, jnp.asarray(ctx), jnp.asarray(cmask), key_k
+                )
+            else:  # continue the cached conversations: only the feedback turn is encoded
+                if rc is None:
+                    rc = continuation.rows_from_cache(cache, jnp.asarray(first.mask), jnp.asarray(idx))
+                else:
+                    where = {r: j for j, r in reversed(list(enumerate(held)))}
+                    rc = continuation.take(rc, jnp.asarray([where[r] for r in idx]))
+                fb_tok, fb_mask = jnp.asarray(fb_tok), jnp.asarray(fb_mask)
+                out, rc = self.sampler.continue_from_cache(params, rc, fb_tok, fb_mask, key_k)
+            held = idx
             tk, mk, lk, trk = (
                 np.asarray(x)[: rows.size, 0] for x in (out.tokens, out.mask, out.logp, out.truncated)
             )
@@ -170,17 +190,15 @@ class MultiTurn:
         texts = [self.tok.decode(tokens[r, : length[r]].tolist(), skip_special=False) for r in range(N)]
         return out, self.grader.assemble(problems, texts, verdicts, rewards.reshape(B, G)), counts, t_sample
 
-    def contexts(self, prompt, pmask, tokens, length, rows, G, k, N) -> tuple[np.ndarray, np.ndarray]:
-        """Turn k's conversations of `rows` ([R', P + (k-1)(T+F)], left-padded; R' = bucket(R) rows, the extra
-        ones copies of the first): the prompt's real tokens, then the trajectory so far."""
+    def contexts(self, prompt, pmask, tokens, length, idx, k) -> tuple[np.ndarray, np.ndarray]:
+        """Turn k's conversations of rows `idx` as left-padded token contexts [R, P + (k-1)(T+F)] (the
+        prompt's real tokens, then the trajectory so far): a later turn without the first turn's cache."""
         width = prompt.shape[1] + (k - 1) * (self.T + self.F)
-        n = bucket(rows.size, N)
-        ctx = np.full((n, width), self.tok.pad_id, np.int32)
-        cmask = np.zeros((n, width), np.int32)
-        for j in range(n):
-            r = rows[min(j, rows.size - 1)]
-            b = r // G
-            seq = np.concatenate([prompt[b][pmask[b] > 0], tokens[r, : length[r]]])
+        ctx = np.full((idx.size, width), self.tok.pad_id, np.int32)
+        cmask = np.zeros((idx.size, width), np.int32)
+        G = self.grader.G
+        for j, r in enumerate(idx):
+            seq = np.concatenate([prompt[r // G][pmask[r // G] > 0], tokens[r, : length[r]]])
             ctx[j, width - seq.size :], cmask[j, width - seq.size :] = seq, 1
         return ctx, cmask
 
@@ -215,19 +233,20 @@ class EvalTurns:
     def __init__(
         self, model, tok, fmt, executor, sandbox, ro, params, key, *, greedy, sampled, max_turns=None
     ):
-        from grpo_jax.policies import sampling  # the jitted sampler (this module stays host-only otherwise)
-
         self.tok, self.fmt, self.executor, self.sandbox, self.ro = tok, fmt, executor, sandbox, ro
         self.params, self.key, self.calls, self.modes = params, key, 0, {True: greedy, False: sampled}
         self.max_turns = max_turns or ro.max_turns
         eos = tuple(int(i) for i in stop_ids(tok))
-        self.one = sampling.make_sampler(
-            model, group=1, max_new=ro.max_new_tokens, eos_id=eos, pad_id=tok.pad_id
+        self.cont = continuation.make_continuer(
+            model, max_new=ro.max_new_tokens, eos_id=eos, pad_id=tok.pad_id
         )
         self.stops, self.sp = np.asarray(eos), greedy
 
-    def continue_(self, params, ctx, cmask, key):
-        return self.one(params, ctx, cmask, key, self.sp)
+    def continue_from_tokens(self, params, ctx, cmask, key):
+        return self.cont.from_tokens(params, ctx, cmask, key, self.sp)
+
+    def continue_from_cache(self, params, rc, tokens, mask, key):
+        return self.cont.extend_decode(params, rc, tokens, mask, key, self.sp)
 
     def __call__(self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool) -> np.ndarray:
         self.calls, self.sp = self.calls + 1, self.modes[greedy]

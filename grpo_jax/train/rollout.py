@@ -194,7 +194,10 @@ class CodegenRollout:
         host_prompt = self.encode(probs)
         prompt, pmask = self.place(host_prompt)  # the prompts' one trip to the device
         t0 = time.perf_counter()
-        out = self.sampler.generate(params, prompt, pmask, key)
+        if self.turns is None:
+            out, cache = self.sampler.generate(params, prompt, pmask, key), None
+        else:  # the later turns continue from the first turn's KV cache
+            out, cache = self.sampler.generate_cached(params, prompt, pmask, key)
         n_rep = 0 if replayed is None else int(replayed["problem"].shape[0])
         if n_rep:
             out = splice_replayed(out, replayed, n_rep)
@@ -206,7 +209,9 @@ class CodegenRollout:
         if self.turns is not None:  # later turns on the failed rows; the batch holds whole trajectories
             logp, trunc = self.ctx.host((out.logp, out.truncated))
             first = SampleOutput(tokens, logp, mask, None, trunc)
-            out, grades, counts, t_more = self.turns.run(params, probs, *host_prompt, first, grades, key)
+            out, grades, counts, t_more = self.turns.run(
+                params, probs, *host_prompt, first, grades, key, cache
+            )
             t1, mask = t1 + t_more, out.mask
         return Round(
             np.asarray(idx), prompt, pmask, out, grades, replayed_rows, int(mask.sum()), t1 - t0, counts

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import jax
 
 from grpo_jax.config import RolloutConfig
-from grpo_jax.policies import sampling
+from grpo_jax.policies import continuation, sampling
 from grpo_jax.types import SampleOutput
 
 
@@ -30,26 +30,32 @@ class Sampler(Protocol):
 
 class KVCacheSampler:
     """The policy's own sampler: `group` completions of at most `max_new_tokens` per prompt, stopping at any
-    of `eos_ids` (one compiled while-loop; the sampling parameters are data)."""
+    of `eos_ids` (one compiled while-loop; the sampling parameters are data). For multi-turn trajectories
+    (grpo_jax.train.multiturn) it also keeps the first turn's KV cache and continues the conversations from it
+    (grpo_jax.policies.continuation)."""
 
     def __init__(self, model, ro: RolloutConfig, *, eos_ids: tuple[int, ...], pad_id: int):
         self.params = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
-        self._fn = sampling.make_sampler(
-            model, group=ro.group_size, max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id
-        )
-        self._one = sampling.make_sampler(
-            model, group=1, max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id
-        )
+        kw = dict(max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id)
+        self._fn = sampling.make_sampler(model, group=ro.group_size, **kw)
+        self._cached = sampling.make_sampler(model, group=ro.group_size, with_cache=True, **kw)
+        self._continue = continuation.make_continuer(model, **kw)
 
     def generate(
         self, params: Any, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array
     ) -> SampleOutput:
         return self._fn(params, prompt, prompt_mask, key, self.params)
 
-    def continue_(
-        self, params: Any, context: jax.Array, context_mask: jax.Array, key: jax.Array
-    ) -> SampleOutput:
-        """One more reply [R, 1, T] for each of R conversations [R, P'] (left-padded; a multi-turn
-        trajectory's later turn, grpo_jax.train.multiturn). The conversation is encoded again (prefill), not
-        continued from the previous turn's KV cache."""
-        return self._one(params, context, context_mask, key, self.params)
+    def generate_cached(self, params: Any, prompt: jax.Array, prompt_mask: jax.Array, key: jax.Array):
+        """`generate` that also returns the final KV cache, which a multi-turn trajectory's later turns
+        continue: (SampleOutput, KVCache)."""
+        return self._cached(params, prompt, prompt_mask, key, self.params)
+
+    def continue_from_cache(self, params: Any, rc, tokens: jax.Array, mask: jax.Array, key: jax.Array):
+        """A feedback turn [R, F] appended to cached conversations (a continuation.RowCache) and the next
+        reply sampled: (SampleOutput [R, 1, T], the RowCache after it)."""
+        return self._continue.extend_decode(params, rc, tokens, mask, key, self.params)
+
+    def continue_from_tokens(self, params: Any, ctx: jax.Array, ctx_mask: jax.Array, key: jax.Array):
+        """The next reply after conversations given as left-padded token contexts [R, S] (encoded here)."""
+        return self._continue.from_tokens(params, ctx, ctx_mask, key, self.params)
