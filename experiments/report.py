@@ -314,6 +314,41 @@ def per_seed_table(values: dict[str, dict[int, float]], seeds: list[int], fmt: s
     return "\n".join(lines)
 
 
+def turn_metric_rows(study: Study, last_steps: int) -> list:
+    """Multi-turn studies (runs evaluated with --eval_max_turns / --max_turns > 1): held-out greedy pass@1
+    after each later turn, the greedy fix rate, and the model tokens sampled per step (the compute match)."""
+    turns = {
+        int(m.group(1))
+        for arm in study.runs.values()
+        for r in arm.values()
+        for k in r.results["grpo"]
+        if (m := re.fullmatch(r"turn(\d+)/pass@1", k))
+    }
+    rows = [
+        (
+            f"held-out pass@1 (greedy) after turn {t} (execution feedback), after GRPO",
+            f"turn{t}_pass_at_1",
+            lambda r, t=t: r.results["grpo"].get(f"turn{t}/pass@1"),
+        )
+        for t in sorted(turns)
+        if t > 1
+    ]
+    if rows:
+        rows += [
+            (
+                "held-out fix rate (greedy: of the problems failed at turn 1, the share a later turn passed)",
+                None,
+                lambda r: r.results["grpo"].get("fix_rate"),
+            ),
+            (
+                f"model tokens sampled per step, mean of the last {last_steps} steps",
+                None,
+                lambda r: last_mean(r, "rollout/sampled_tokens", last_steps),
+            ),
+        ]
+    return rows
+
+
 def before_after_keys(study: Study) -> list[str]:
     """The evaluation keys measured both at the start of GRPO ("sft") and after it ("grpo") in some run:
     held-out pass@k and the extra sets' pass@1 (mbpp/, humaneval/), in a fixed order."""
@@ -548,6 +583,7 @@ def write_report(
         for k in ks
         if k > 1
     ]
+    metrics += turn_metric_rows(study, last_steps)
     metrics += [
         (
             "held-out pass@1 (greedy) after SFT, the start of GRPO",

@@ -236,3 +236,34 @@ def test_evaluate_outputs_fold_into_the_before_after_table(runs, tmp_path):
     assert "From greedy pass@1 of each run's final checkpoint by experiments.evaluate" in ba
     assert "--evals_before=" in md.split("Regenerate:", 1)[1].split("\n", 1)[0]
     assert not any(x.startswith("| mech | humaneval/") for x in ba.splitlines())  # mech has no evals
+
+
+def test_multi_turn_rows(runs):
+    """Runs evaluated with execution feedback: held-out pass@1 after turn 2, the fix rate and the sampled
+    tokens per step get their own tables (baseline turn2 = pass@1 + 0.05, mech + 0.10; fix rate 0.1 / 0.2;
+    tokens 3 000 / 2 500 per step)."""
+    for d in sorted(runs.glob("*/s*")):
+        arm, res_path = d.parent.name, d / "results.json"
+        if not res_path.exists():
+            continue
+        res = json.loads(res_path.read_text())
+        extra = 0.05 if arm == "baseline" else 0.10
+        res["grpo"].update(
+            {"turn1/pass@1": res["grpo"]["pass@1"], "turn2/pass@1": res["grpo"]["pass@1"] + extra}
+        )
+        res["grpo"]["fix_rate"] = 0.1 if arm == "baseline" else 0.2
+        res_path.write_text(json.dumps(res))
+        with open(d / "metrics.jsonl", "a") as f:
+            f.write("\n")  # after the cut line
+            for step in range(1, STEPS + 1):
+                f.write(
+                    json.dumps({"step": step, "rollout/sampled_tokens": 3000 if arm == "baseline" else 2500})
+                    + "\n"
+                )
+    md = open(report.write_report(str(runs), resamples=2_000), encoding="utf-8").read()
+    t2 = "held-out pass@1 (greedy) after turn 2 (execution feedback), after GRPO"
+    assert _row(md, t2, "baseline")[2] == "0.300" and _row(md, t2, "mech")[2:5:2] == ["0.375", "+0.075"]
+    fix = "held-out fix rate (greedy: of the problems failed at turn 1, the share a later turn passed)"
+    assert _row(md, fix, "mech")[2:5:2] == ["0.200", "+0.100"]
+    tok = "model tokens sampled per step, mean of the last 10 steps"
+    assert _row(md, tok, "baseline")[2] == "3000.000" and _row(md, tok, "mech")[4] == "-500.000"
