@@ -329,7 +329,8 @@ def test_two_turn_run_with_async_grading_resumes_bit_identically_after_sigkill(e
     # the sampler's log-probs of turn 2 (continued from turn 1's KV cache) are the trainer's on the packed
     # trajectory: mean |difference| over the model's tokens ~1e-7, as single-turn (turn-2 positions shifted by
     # one gave 6e-6 with this tiny random model; tests/test_continuation.py checks each token)
-    assert max(m[s]["logp_mismatch"] for s in m) < 1e-6
+    assert m[1]["logp_mismatch"] < 1e-6  # (later steps are one update off-policy: async grading)
+    assert min(m[s]["time/reward_s"] for s in m) > 0  # every turn's grading and feedback runs are timed
     samples = [json.loads(x) for x in (tmp_path / "ref" / "samples.jsonl").read_text().splitlines()]
     assert any("# Fix the program." in s["completion"] for s in samples)  # whole trajectories are logged
     # the checkpoint evaluator runs the run's own turns: turn 1's figures are the plain ones, turn 2 >= turn 1

@@ -105,45 +105,30 @@ class MultiTurn:
         cache=None,
     ) -> tuple[SampleOutput, Grades, dict, float]:
         """(trajectories [B, G, T_tot] as host arrays, their grades, counts for `turn_metrics`, sampling
-        s)."""
-        B, G = len(problems), self.grader.G
-        N, T, K = B * G, self.T, self.K
-        tokens = np.full((N, self.length), self.tok.pad_id, np.int32)
-        mask = np.zeros((N, self.length), np.float32)
-        logp = np.zeros((N, self.length), np.float32)
-        m1 = np.asarray(first.mask).reshape(N, T)
-        tokens[:, :T] = np.asarray(first.tokens).reshape(N, T)
-        mask[:, :T], logp[:, :T] = m1, np.asarray(first.logp).reshape(N, T)
-        length = m1.sum(1).astype(np.int64)
-        truncated = np.asarray(first.truncated).reshape(N).copy()
-        verdicts = list(grades.verdicts)
-        passed = np.asarray([v.passed for v in verdicts])
-        turns = np.ones(N, np.int64)
-        replies = list(grades.texts)
-        row_problem = [problems[r // G] for r in range(N)]
-        counts = {"rows": N, "passed": np.zeros(K), "len": np.zeros(K), "turn_rows": np.zeros(K), "fb": 0.0}
-        counts["passed"][0], counts["len"][0], counts["turn_rows"][0] = passed.sum(), length.sum(), N
-        t_sample, rc, held = 0.0, None, None  # rc: the RowCache of the rows `held` (the last turn's batch)
-        for k in range(2, K + 1):
-            rows = np.flatnonzero(~passed)
+        seconds)."""
+        tr = _Trajectories(self, problems, first, grades)
+        rc = held = None  # rc: the RowCache of the rows `held` (the last turn's batch)
+        for k in range(2, self.K + 1):
+            rows = np.flatnonzero(~tr.passed)
             if not rows.size:
                 break
-            probs = [row_problem[r] for r in rows]
-            last = [None if truncated[r] else int(tokens[r, length[r] - 1]) for r in rows]
-            fb = self.feedback_ids(probs, [replies[r] for r in rows], last)
-            idx = np.r_[rows, np.full(bucket(rows.size, N) - rows.size, rows[0])]  # the batch's rows, padded
+            probs = [tr.row_problem[r] for r in rows]
+            last = [None if tr.truncated[r] else int(tr.tokens[r, tr.length[r] - 1]) for r in rows]
+            t0 = time.perf_counter()
+            fb = self.feedback_ids(probs, [tr.replies[r] for r in rows], last)
+            tr.t_grade += time.perf_counter() - t0
+            idx = np.r_[rows, np.full(bucket(rows.size, tr.N) - rows.size, rows[0])]  # the batch, padded
             fb_tok = np.full((idx.size, self.F), self.tok.pad_id, np.int32)
             fb_mask = np.zeros((idx.size, self.F), np.int32)
             for j, ids in enumerate(fb + [fb[0]] * (idx.size - rows.size)):
                 fb_tok[j, : len(ids)], fb_mask[j, : len(ids)] = ids, 1
             for r, ids in zip(rows, fb, strict=True):
-                tokens[r, length[r] : length[r] + len(ids)] = ids
-                length[r] += len(ids)
-                counts["fb"] += len(ids)
+                tr.append(r, ids)
+            tr.counts["fb"] += sum(len(ids) for ids in fb)
             t0 = time.perf_counter()
             key_k = rng_lib.derive(key, f"turn/{k}")
             if rc is None and cache is None:  # no first-turn cache (evaluation): encode the conversations
-                ctx, cmask = self.contexts(prompt, pmask, tokens, length, idx, k)
+                ctx, cmask = self.contexts(prompt, pmask, tr.tokens, tr.length, idx, k)
                 out, rc = self.sampler.continue_from_tokens(
                     params, jnp.asarray(ctx), jnp.asarray(cmask), key_k
                 )
@@ -153,42 +138,14 @@ class MultiTurn:
                 else:
                     where = {r: j for j, r in reversed(list(enumerate(held)))}
                     rc = continuation.take(rc, jnp.asarray([where[r] for r in idx]))
-                fb_tok, fb_mask = jnp.asarray(fb_tok), jnp.asarray(fb_mask)
-                out, rc = self.sampler.continue_from_cache(params, rc, fb_tok, fb_mask, key_k)
+                out, rc = self.sampler.continue_from_cache(
+                    params, rc, jnp.asarray(fb_tok), jnp.asarray(fb_mask), key_k
+                )
             held = idx
-            tk, mk, lk, trk = (
-                np.asarray(x)[: rows.size, 0] for x in (out.tokens, out.mask, out.logp, out.truncated)
-            )
-            t_sample += time.perf_counter() - t0
-            for j, r in enumerate(rows):
-                n = int(mk[j].sum())
-                sl = slice(length[r], length[r] + n)
-                tokens[r, sl], mask[r, sl], logp[r, sl] = tk[j, :n], 1.0, lk[j, :n]
-                length[r] += n
-            truncated[rows], turns[rows] = trk, k
-            texts = decode_completions(self.tok, tk, mk)
-            v, _ = pipeline.score_completions(
-                self.grader.executor, probs, texts, 1, self.grader.deadline_s, self.fmt
-            )
-            for j, r in enumerate(rows):
-                verdicts[r], replies[r], passed[r] = v[j], texts[j], v[j].passed
-            counts["passed"][k - 1] = passed.sum()
-            counts["len"][k - 1], counts["turn_rows"][k - 1] = mk.sum(), rows.size
-        counts["passed"][1:] = np.maximum.accumulate(counts["passed"])[1:]  # a turn not run adds no pass
-        counts["passed_turn"] = np.where(passed, turns, 0)  # [N] the turn that passed, 0: none
-        counts["turns"] = float(turns.sum())
-        counts["fixed"] = float(np.sum(passed & (turns > 1)))
-        counts["failed_first"] = float(N - counts["passed"][0])
-        rewards = trajectory_rewards(passed, turns, self.discount)
-        out = SampleOutput(
-            tokens.reshape(B, G, -1),
-            logp.reshape(B, G, -1),
-            mask.reshape(B, G, -1),
-            mask.sum(1).astype(np.int32).reshape(B, G),
-            truncated.reshape(B, G),
-        )
-        texts = [self.tok.decode(tokens[r, : length[r]].tolist(), skip_special=False) for r in range(N)]
-        return out, self.grader.assemble(problems, texts, verdicts, rewards.reshape(B, G)), counts, t_sample
+            reply = [np.asarray(x)[: rows.size, 0] for x in (out.tokens, out.mask, out.logp, out.truncated)]
+            tr.t_sample += time.perf_counter() - t0
+            tr.add_turn(k, rows, probs, *reply)
+        return tr.finish(self.discount)
 
     def contexts(self, prompt, pmask, tokens, length, idx, k) -> tuple[np.ndarray, np.ndarray]:
         """Turn k's conversations of rows `idx` as left-padded token contexts [R, P + (k-1)(T+F)] (the
@@ -201,6 +158,76 @@ class MultiTurn:
             seq = np.concatenate([prompt[r // G][pmask[r // G] > 0], tokens[r, : length[r]]])
             ctx[j, width - seq.size :], cmask[j, width - seq.size :] = seq, 1
         return ctx, cmask
+
+
+class _Trajectories:
+    """The host arrays of one batch's trajectories while their turns are sampled (MultiTurn.run)."""
+
+    def __init__(self, mt: MultiTurn, problems, first: SampleOutput, grades: Grades):
+        self.mt, self.problems = mt, problems
+        G, T, K = mt.grader.G, mt.T, mt.K
+        self.N = N = len(problems) * G
+        self.tokens = np.full((N, mt.length), mt.tok.pad_id, np.int32)
+        self.mask = np.zeros((N, mt.length), np.float32)
+        self.logp = np.zeros((N, mt.length), np.float32)
+        m1 = np.asarray(first.mask).reshape(N, T)
+        self.tokens[:, :T] = np.asarray(first.tokens).reshape(N, T)
+        self.mask[:, :T], self.logp[:, :T] = m1, np.asarray(first.logp).reshape(N, T)
+        self.length = m1.sum(1).astype(np.int64)
+        self.truncated = np.asarray(first.truncated).reshape(N).copy()
+        self.verdicts = list(grades.verdicts)
+        self.passed = np.asarray([v.passed for v in self.verdicts])
+        self.turns = np.ones(N, np.int64)
+        self.replies = list(grades.texts)
+        self.row_problem = [problems[r // G] for r in range(N)]
+        c = {"rows": N, "passed": np.zeros(K), "len": np.zeros(K), "turn_rows": np.zeros(K), "fb": 0.0}
+        c["passed"][0], c["len"][0], c["turn_rows"][0] = self.passed.sum(), self.length.sum(), N
+        self.counts, self.t_sample, self.t_grade = c, 0.0, grades.seconds
+
+    def append(self, r: int, ids, logp=None) -> None:
+        """Tokens after row r's trajectory: the model's own (with their behaviour log-probs: in the loss mask)
+        or a feedback turn's (logp None: context only)."""
+        sl = slice(self.length[r], self.length[r] + len(ids))
+        self.tokens[r, sl] = ids
+        if logp is not None:
+            self.mask[r, sl], self.logp[r, sl] = 1.0, logp
+        self.length[r] += len(ids)
+
+    def add_turn(self, k: int, rows, probs, tk, mk, lk, trk) -> None:
+        """Turn k's replies of `rows` (tokens, mask, log-probs [R, T], truncated [R]): appended and graded."""
+        for j, r in enumerate(rows):
+            n = int(mk[j].sum())
+            self.append(r, tk[j, :n], lk[j, :n])
+        self.truncated[rows], self.turns[rows] = trk, k
+        texts = decode_completions(self.mt.tok, tk, mk)
+        t0, g = time.perf_counter(), self.mt.grader
+        v, _ = pipeline.score_completions(g.executor, probs, texts, 1, g.deadline_s, self.mt.fmt)
+        self.t_grade += time.perf_counter() - t0
+        for j, r in enumerate(rows):
+            self.verdicts[r], self.replies[r], self.passed[r] = v[j], texts[j], v[j].passed
+        self.counts["passed"][k - 1] = self.passed.sum()
+        self.counts["len"][k - 1], self.counts["turn_rows"][k - 1] = mk.sum(), len(rows)
+
+    def finish(self, discount: float) -> tuple[SampleOutput, Grades, dict, float]:
+        c, passed, turns, N = self.counts, self.passed, self.turns, self.N
+        c["passed"][1:] = np.maximum.accumulate(c["passed"])[1:]  # a turn not run adds no pass
+        c["passed_turn"] = np.where(passed, turns, 0)  # [N] the turn that passed, 0: none
+        c["turns"] = float(turns.sum())
+        c["fixed"] = float(np.sum(passed & (turns > 1)))
+        c["failed_first"] = float(N - c["passed"][0])
+        B, G = len(self.problems), N // len(self.problems)
+        rewards = trajectory_rewards(passed, turns, discount).reshape(B, G)
+        out = SampleOutput(
+            self.tokens.reshape(B, G, -1),
+            self.logp.reshape(B, G, -1),
+            self.mask.reshape(B, G, -1),
+            self.mask.sum(1).astype(np.int32).reshape(B, G),
+            self.truncated.reshape(B, G),
+        )
+        tok = self.mt.tok
+        texts = [tok.decode(self.tokens[r, : self.length[r]].tolist(), skip_special=False) for r in range(N)]
+        graded = self.mt.grader.assemble(self.problems, texts, self.verdicts, rewards, seconds=self.t_grade)
+        return out, graded, c, self.t_sample
 
 
 def turn_metrics(counts: Sequence[dict]) -> dict[str, float]:
