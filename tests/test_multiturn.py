@@ -366,3 +366,18 @@ def test_pass_at_k_after_each_turn_literal():
     assert s["turn1"]["greedy/pass@1"] == 0.0 and s["turn2"]["greedy/pass@1"] == 0.5
     assert s["turn2"]["pass@2"] == pytest.approx(0.75)
     assert s["fix_rate"] == {"greedy": 0.5, "sampled": pytest.approx(2 / 6)}
+
+
+def test_mbpp_feedback_shows_a_failing_assert_of_its_prompt(ex):
+    """MBPP's prompt lists its test asserts, so they are public: a wrong program's feedback quotes the first
+    failing one, which is text the prompt already holds."""
+    from grpo_jax.codegen.datasets import load_mbpp
+
+    p = next(q for q in load_mbpp(split="test") if q.public_tests and q.child_check is None)
+    (v,) = ex.run(feedback.public_jobs([p], [f"def {p.entry_point}(*args):\n    return None\n"]))
+    msg = feedback.feedback_message(p, v)
+    tc = p.public_tests[0]
+    assert (
+        msg.startswith(f"Your program failed this example:\n>>> {tc.call}\nExpected: ") and "Got: None" in msg
+    )
+    assert tc.source in p.prompt

@@ -168,6 +168,9 @@ def mbpp_problem(row: dict) -> Problem:
         entry_point=entry,
         reference=code,
         tests=tests,
+        # MBPP's prompt shows every test assert, so the parent-graded ones are public too (execution feedback
+        # may show them; they are what grades, as before)
+        public_tests=tests,
         child_check=child_check,
         setup_code=setup,
         completion_mode="program",
