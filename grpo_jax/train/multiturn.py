@@ -18,10 +18,13 @@ model's tokens (0 elsewhere); `truncated` is the last turn's. The reward of a tr
 all-pass reward times discount^(turns - 1); the per-test results are the last turn's. GRPO's group advantage
 is then over the G trajectories of a prompt, as for single turns.
 
-A later turn re-encodes its conversation (prompt + earlier turns, left-padded to P + (k-1)(T+F)) with the
-policy's sampler (group 1), in batches padded to a power of two rows; continuing from the previous turn's KV
-cache instead is left to do. Keys: turn k of a round draws with derive(round key, "turn/k"), so sampling stays
-a function of (stream, step). One process only (config refuses --dist with --max_turns > 1).
+A later turn continues the failed rows' conversations from the KV cache (grpo_jax.policies.continuation): the
+first turn's cache (the rollout's sampler returns it) is gathered per row, the feedback turn is encoded in one
+pass and the reply decoded after it; the next turn takes the rows that still fail from that cache. Batches
+are padded to a power of two rows (few compiled shapes). Without a first-turn cache (evaluation, whose first
+turn comes from another sampler) turn 2 encodes the conversation once (prompt + reply + feedback, left-padded
+to P + T + F) and continues from there. Keys: turn k of a round draws with derive(round key, "turn/k"), so
+sampling stays a function of (stream, step). One process only (config refuses --dist with --max_turns > 1).
 """
 
 from __future__ import annotations
