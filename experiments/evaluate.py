@@ -622,6 +622,8 @@ def turn_summaries(details: dict, n: int, ks, max_turns: int, seed: int = 0) -> 
     the samples that failed turn 1, the fraction a later turn passed."""
     import numpy as np
 
+    from grpo_jax.codegen.pipeline import fix_rate
+
     g = np.asarray(details["greedy_turn"])
     s = (
         np.asarray(details.get("sampled_turn", np.zeros(0, int))).reshape(-1, n)
@@ -634,11 +636,7 @@ def turn_summaries(details: dict, n: int, ks, max_turns: int, seed: int = 0) -> 
         counts = [(n, int(c)) for c in ok.sum(1)] if n else [(0, 0)] * len(g)
         out[f"turn{t}"] = summarize_tasks(counts, list((g >= 1) & (g <= t)), ks if n else (), seed=seed)
 
-    def fix(x):
-        failed = x != 1
-        return float(np.mean(x[failed] > 1)) if failed.any() else 0.0
-
-    out["fix_rate"] = {"greedy": fix(g), "sampled": fix(s.reshape(-1)) if n else None}
+    out["fix_rate"] = {"greedy": fix_rate(g), "sampled": fix_rate(s.reshape(-1)) if n else None}
     return out
 
 
@@ -798,13 +796,8 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
     )
     turns = None
     if ro.max_turns > 1:  # later turns: the main job's multi-turn loop with this evaluation's sampling
-        from grpo_jax.policies import sampling
         from grpo_jax.train.multiturn import EvalTurns
 
-        modes = dict(
-            greedy=sampling.sampling_params(0.0),
-            sampled=sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
-        )
         sandbox = types.SimpleNamespace(deadline_s=o.deadline)
         turns = EvalTurns(
             pol["model"],
@@ -815,7 +808,6 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
             ro,
             pol["params"],
             rng_lib.derive(key, "turns"),
-            **modes,
         )
     details: dict = {}
     pipeline.evaluate(

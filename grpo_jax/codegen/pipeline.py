@@ -263,8 +263,7 @@ def evaluate(
     out["pass@1"] = float(greedy_ok.mean())
     if greedy_turn is not None:
         out.update(_turn_metrics(greedy_turn, 1, [1], turns.max_turns))
-        failed = greedy_turn != 1
-        out["fix_rate"] = float(np.mean(greedy_turn[failed] > 1)) if failed.any() else 0.0
+        out["fix_rate"] = fix_rate(greedy_turn)
 
     levels = sorted({p.level for p in problems})
     level_of = np.asarray([p.level for p in problems])
@@ -293,6 +292,13 @@ def evaluate(
         for s, c in rewards_lib.failure_counts(verdicts).items():
             out[f"status/{s}"] = float(c)
     return out
+
+
+def fix_rate(passed_turn: np.ndarray) -> float:
+    """Of the samples that failed turn 1 (passed_turn != 1: the turn at which each passed, 0 for none), the
+    fraction a later turn passed; 0 when none failed."""
+    failed = passed_turn != 1
+    return float(np.mean(passed_turn[failed] > 1)) if failed.any() else 0.0
 
 
 def _turn_metrics(passed_turn: np.ndarray, n: int, ks: Sequence[int], max_turns: int) -> dict[str, float]:

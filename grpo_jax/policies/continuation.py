@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.policies.sampling import _decode_loop, choose_tokens
 
 
 class RowCache(NamedTuple):
@@ -114,8 +115,6 @@ def decode(params, cfg, rc: RowCache, logits, key, sp, *, max_new: int, eos_id, 
     [R, 1, T], the RowCache with T more slots, the reply's tokens valid). `choose(logits, key, sp)` is the
     sampler's token choice (grpo_jax.policies.sampling.choose_tokens); token t draws with fold_in(key, t), as
     the first turn's sampler."""
-    from grpo_jax.policies.sampling import _decode_loop
-
     dtype = rc.k[0].dtype
     r, kh, s0, dh = rc.k[0].shape
     pad = jnp.zeros((r, kh, max_new, dh), dtype)
@@ -164,8 +163,6 @@ class Continuer(NamedTuple):
 def make_continuer(cfg: tfm.TransformerConfig, *, max_new: int, eos_id, pad_id: int) -> Continuer:
     """The jitted functions of a later turn: a feedback turn appended to a RowCache and the next reply
     sampled, or the reply sampled after token contexts encoded from scratch (evaluation's second turn)."""
-    from grpo_jax.policies.sampling import choose_tokens
-
     kw = dict(max_new=max_new, eos_id=eos_id, pad_id=pad_id, choose=choose_tokens)
 
     def extend_decode(params, rc, tokens, mask, key, sp):

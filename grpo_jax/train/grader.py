@@ -39,6 +39,11 @@ class Grades:
     seconds: float
 
 
+def num_tests(problems: Sequence[Problem]) -> int:
+    """M, the per-test axis of a batch of these problems: the most tests of any (at least 1)."""
+    return max(1, max(len(p.tests) for p in problems))
+
+
 class Grader:
     """See the module docstring. `num_tests` = M, the per-test axis of the batch (the most tests of any
     training problem); `owned` [B]: the rows this process grades (None: all)."""

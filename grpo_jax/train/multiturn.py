@@ -38,10 +38,10 @@ import numpy as np
 
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import feedback, pipeline
-from grpo_jax.policies import continuation
+from grpo_jax.policies import continuation, sampling
 from grpo_jax.problem import Problem
 from grpo_jax.tokenization import decode_completions, stop_ids
-from grpo_jax.train.grader import Grader, Grades
+from grpo_jax.train.grader import Grader, Grades, num_tests
 from grpo_jax.types import SampleOutput
 
 CONSOLE_KEYS = ("multiturn/pass_after_turn1", "multiturn/fix_rate")  # on the main job's step line, when on
@@ -69,6 +69,13 @@ class MultiTurn:
     ):
         self.sampler, self.grader, self.tok, self.fmt = sampler, grader, tok, fmt
         self.K, self.F, self.T, self.discount = max_turns, feedback_tokens, max_new, discount
+
+    @classmethod
+    def from_rollout(cls, sampler, grader: Grader, tok, fmt, ro, max_turns: int | None = None) -> MultiTurn:
+        """The MultiTurn of a RolloutConfig's turns, feedback budget, reply length and discount (`max_turns`:
+        another number of turns, e.g. the evaluation's)."""
+        kw = dict(feedback_tokens=ro.feedback_tokens, max_new=ro.max_new_tokens, discount=ro.turn_discount)
+        return cls(sampler, grader, tok, fmt, max_turns=max_turns or ro.max_turns, **kw)
 
     @property
     def length(self) -> int:
@@ -257,13 +264,15 @@ def turn_metrics(counts: Sequence[dict]) -> dict[str, float]:
 class EvalTurns:
     """The later turns of a held-out evaluation (`pipeline.evaluate(..., turns=EvalTurns(...))`): called with
     each batch's turn-1 samples, it runs turns 2..K on the failed ones with the evaluation's sampling
-    (`greedy` or `sampled` SamplingParams, as turn 1; keys derived from `key` per call) and returns the turn
-    at which each sample passed (0: none)."""
+    (greedy, or `ro`'s temperature / top-k / top-p, as turn 1; keys derived from `key` per call) and returns
+    the turn at which each sample passed (0: none)."""
 
-    def __init__(
-        self, model, tok, fmt, executor, sandbox, ro, params, key, *, greedy, sampled, max_turns=None
-    ):
+    def __init__(self, model, tok, fmt, executor, sandbox, ro, params, key, max_turns=None):
         self.tok, self.fmt, self.executor, self.sandbox, self.ro = tok, fmt, executor, sandbox, ro
+        greedy, sampled = (
+            sampling.sampling_params(0.0),
+            sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
+        )
         self.params, self.key, self.calls, self.modes = params, key, 0, {True: greedy, False: sampled}
         self.max_turns = max_turns or ro.max_turns
         eos = tuple(int(i) for i in stop_ids(tok))
@@ -280,22 +289,14 @@ class EvalTurns:
 
     def __call__(self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool) -> np.ndarray:
         self.calls, self.sp = self.calls + 1, self.modes[greedy]
-        num_tests = max(1, max(len(p.tests) for p in problems))
-        grader = Grader(self.executor, self.sandbox, self.tok, self.fmt, group=n, num_tests=num_tests)
+        grader = Grader(
+            self.executor, self.sandbox, self.tok, self.fmt, group=n, num_tests=num_tests(problems)
+        )
         tokens, mask = np.asarray(tokens), np.asarray(mask)
         ended = (np.isin(tokens, self.stops) & (mask > 0)).any(-1)
         first = SampleOutput(tokens, np.zeros(mask.shape, np.float32), mask, None, ~ended)
         grades = grader.grade(problems, tokens, mask)
-        ro = self.ro
-        mt = MultiTurn(
-            self,
-            grader,
-            self.tok,
-            self.fmt,
-            max_turns=self.max_turns,
-            feedback_tokens=ro.feedback_tokens,
-            max_new=ro.max_new_tokens,
-        )
+        mt = MultiTurn.from_rollout(self, grader, self.tok, self.fmt, self.ro, self.max_turns)
         key = rng_lib.derive(self.key, self.calls)
         return mt.run(self.params, problems, prompt, pmask, first, grades, key)[2]["passed_turn"]
 
@@ -303,15 +304,9 @@ class EvalTurns:
 def eval_turns(run, params, key) -> EvalTurns | None:
     """The held-out evaluation's later turns of a run (grpo_jax.train.loop.evaluate): --eval_max_turns, else
     --max_turns; None for one turn."""
-    from grpo_jax.policies import sampling
-
     ro, turns = run.cfg.rollout, run.cfg.eval.max_turns or run.cfg.rollout.max_turns
     if turns == 1:
         return None
-    modes = dict(
-        greedy=sampling.sampling_params(0.0),
-        sampled=sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
-    )
     return EvalTurns(
         run.model,
         run.tok,
@@ -321,6 +316,5 @@ def eval_turns(run, params, key) -> EvalTurns | None:
         ro,
         params,
         key,
-        **modes,
         max_turns=turns,
     )

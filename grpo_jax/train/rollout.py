@@ -44,7 +44,7 @@ from grpo_jax.codegen.rewards import child_checked_fractions, failure_counts
 from grpo_jax.tokenization import stop_ids
 from grpo_jax.train import sharding
 from grpo_jax.train.distributed import Context
-from grpo_jax.train.grader import Grader, Grades
+from grpo_jax.train.grader import Grader, Grades, num_tests
 from grpo_jax.train.multiturn import MultiTurn, turn_metrics
 from grpo_jax.train.pool_host import PoolRuntime
 from grpo_jax.train.problem_source import GradedRound, ProblemSource
@@ -378,16 +378,12 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
         max_new_tokens=ro.max_new_tokens,
     )
     owned = None if batch_sharding is None else sharding.owned_rows(ro.prompts_per_step, batch_sharding)
-    num_tests = max(1, max(len(p.tests) for p in problems))
-    grader = Grader(
-        executor, cfg.sandbox, tok, fmt, group=ro.group_size, num_tests=num_tests, ctx=ctx, owned=owned
-    )
+    m = num_tests(problems)
+    grader = Grader(executor, cfg.sandbox, tok, fmt, group=ro.group_size, num_tests=m, ctx=ctx, owned=owned)
     sampler = KVCacheSampler(model_cfg, ro, eos_ids=stop_ids(tok), pad_id=tok.pad_id)
     pool = None
     if cfg.pool.enabled:
-        pool_grader = Grader(
-            executor, cfg.sandbox, tok, fmt, group=cfg.pool.samples_per_member, num_tests=num_tests
-        )
+        pool_grader = Grader(executor, cfg.sandbox, tok, fmt, group=cfg.pool.samples_per_member, num_tests=m)
         pool = PoolRuntime(
             cfg.pool,
             ro,
@@ -404,8 +400,7 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
     rounds = ro.dynamic_max_rounds if ro.dynamic_sampling else 0
     turns = None
     if ro.max_turns > 1:
-        kw = dict(max_turns=ro.max_turns, feedback_tokens=ro.feedback_tokens, max_new=ro.max_new_tokens)
-        turns = MultiTurn(sampler, grader, tok, fmt, discount=ro.turn_discount, **kw)
+        turns = MultiTurn.from_rollout(sampler, grader, tok, fmt, ro)
     inner = CodegenRollout(
         source,
         sampler,
