@@ -7,7 +7,8 @@
     python -m experiments.bench --size=pool     # the policy pool at K = 16: vmapped / batched vs a loop
 
 Prints one JSON line per figure, first this device's rates: matmul_gflops (float32 GEMM, n = 1024 on CPU and
-4096 on accelerators) and bandwidth_gbs (bytes read + written by `x * 2` over 256 MiB), on any backend.
+4096 on accelerators), matmul_bf16_gflops (bf16 operands, float32 accumulation: the products of mixed
+precision) and bandwidth_gbs (bytes read + written by `x * 2` over 256 MiB), on any backend.
 
 tiny / small / smollm2_random (issue #2's setting): Qwen2-style models (q/k/v bias, untied head;
 smollm2_random: the real SmolLM2 with its chunked LM head) at 8 prompts x G=8, random prompts of 32 tokens,
@@ -17,7 +18,10 @@ model, float32, AdamW with global-norm clip 1.0.
 smollm2: the workload grpo_jax is compared with TRL on (experiments/bench_phases.py: SmolLM2-135M-Instruct,
 16 fixed coding prompts in its chat template, 4 x G = 8, up to 64 new tokens ending at EOS, beta 0.04, lr
 1e-6), with every phase timed alone beside its floor on this device (phase_*_s with floor_s, a phase_table,
-step_floor_s, generation_tokens_per_s).
+step_floor_s, generation_tokens_per_s, logp_mismatch_median). `--compute_dtype=bfloat16` trains in mixed
+precision and `--rollout_dtype=bfloat16` samples from bf16 weights (the main job's flags of the same names);
+the floors then use the bf16 matmul rate and the bf16 weight bytes. `--logp_chunk` sets the train step's
+chunked head (default 0: full logits, as the TRL comparison ran).
 
 Compilation: JAX's persistent cache is on (default directory, `--compilation_cache=DIR|none`), so
 first_step_s of a second run of the same size shows the start-up a returning user sees;
@@ -71,6 +75,25 @@ flags.DEFINE_enum(
     ["none", "full", "dots", "dots_no_batch"],
     "Per-layer remat policy of the train step (transformer.REMAT_POLICIES); default: the main job's "
     "(--remat of experiments.codegen).",
+)
+flags.DEFINE_enum(
+    "compute_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "smollm2 only: the train step's compute dtype (--compute_dtype of experiments.codegen: float32 master "
+    "weights, optimizer and losses either way; bfloat16 = mixed precision).",
+)
+flags.DEFINE_enum(
+    "rollout_dtype",
+    "float32",
+    ["float32", "bfloat16"],
+    "smollm2 only: the sampler's weights and compute dtype (--rollout_dtype of experiments.codegen).",
+)
+flags.DEFINE_integer(
+    "logp_chunk",
+    0,
+    "smollm2 only: the train step's chunked LM head (--logp_chunk; 0 = full logits).",
+    lower_bound=0,
 )
 flags.DEFINE_bool("matmul", True, "Measure the machine's float32 matmul GFLOP/s first.")
 flags.DEFINE_string(
@@ -213,6 +236,7 @@ def main(argv):
         backend = jax.default_backend()
         rates = device_rates_subprocess()  # in a child: the probe arrays stay out of this peak RSS
         emit(figure="matmul_gflops", value=round(rates["matmul_gflops"], 1), backend=backend)
+        emit(figure="matmul_bf16_gflops", value=round(rates["matmul_bf16_gflops"], 1), backend=backend)
         emit(figure="bandwidth_gbs", value=round(rates["bandwidth_gbs"], 1), backend=backend)
     sizes = ["tiny", "small", "smollm2", "pool"] if FLAGS.size == "all" else [FLAGS.size]
     if FLAGS.size == "all":
@@ -241,7 +265,15 @@ def main(argv):
 
         if rates is None:  # the floors need the device's rates
             rates = device_rates_subprocess()
-        bench_peer(FLAGS.steps, rates, emit)
+        bench_peer(
+            FLAGS.steps,
+            rates,
+            emit,
+            compute_dtype=FLAGS.compute_dtype,
+            rollout_dtype=FLAGS.rollout_dtype,
+            logp_chunk=FLAGS.logp_chunk,
+            remat=FLAGS.remat,
+        )
         return
     from grpo_jax.config import ModelConfig
 

@@ -65,16 +65,21 @@ def median_time(f, *args, reps: int = 10) -> float:
 
 def device_rates(backend: str) -> dict[str, float]:
     """This device's float32 matmul rate (GFLOP/s, median of 10 n x n products; n = 1024 on CPU, 4096
-    elsewhere) and memory bandwidth (GB/s: bytes read + written by `x * 2` over 256 MiB, median of 10)."""
+    elsewhere), its bf16 one (bf16 operands, float32 accumulation and result, as mixed precision runs them)
+    and memory bandwidth (GB/s: bytes read + written by `x * 2` over 256 MiB, median of 10)."""
     import jax
     import jax.numpy as jnp
 
     n = 1024 if backend == "cpu" else 4096
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jnp.float32)
     gflops = 2 * n**3 / median_time(jax.jit(lambda a: a @ a), a) / 1e9
+    a16 = a.astype(jnp.bfloat16)
+    bf16 = (
+        2 * n**3 / median_time(jax.jit(lambda a: jnp.matmul(a, a, preferred_element_type=jnp.float32)), a16)
+    )
     x = jnp.ones((64 << 20,), jnp.float32)
     gbs = 2 * x.nbytes / median_time(jax.jit(lambda x: x * 2.0), x) / 1e9
-    return {"matmul_gflops": gflops, "bandwidth_gbs": gbs}
+    return {"matmul_gflops": gflops, "matmul_bf16_gflops": bf16 / 1e9, "bandwidth_gbs": gbs}
 
 
 def device_rates_subprocess() -> dict[str, float]:
@@ -101,7 +106,20 @@ def peer_batches(tok, n_prompts: int = 4):
     return [(ids[i : i + n_prompts], mask[i : i + n_prompts]) for i in range(0, len(ids), n_prompts)]
 
 
-def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max_new: int = 64):
+def bench_peer(
+    steps: int,
+    rates: dict[str, float],
+    emit,
+    *,
+    group: int = 8,
+    max_new: int = 64,
+    compute_dtype: str = "float32",
+    rollout_dtype: str = "float32",
+    logp_chunk: int = 0,
+    remat: str | None = None,
+):
+    import dataclasses
+
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -119,6 +137,9 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
     from grpo_jax.types import batch_from_samples
 
     cfg, params = load_pretrained("smollm2-135m-instruct")
+    cfg = dataclasses.replace(
+        cfg, compute_dtype=compute_dtype, logp_chunk=logp_chunk, remat=remat or cfg.remat
+    )
     tok = load_tokenizer("smollm2-135m-instruct")
     batches = peer_batches(tok)
     b, p = batches[0][0].shape
@@ -127,7 +148,9 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
     state = init_state(jax.device_put(params), obj, optimizer, seed=0)
     train_step = make_train_step(cfg, obj, optimizer, temperature=1.0)
     eos = stop_ids(tok)
-    sampler = sampling.make_sampler(cfg, group=group, max_new=max_new, eos_id=eos, pad_id=tok.pad_id)
+    sampler = sampling.make_sampler(
+        cfg, group=group, max_new=max_new, eos_id=eos, pad_id=tok.pad_id, weights_dtype=rollout_dtype
+    )
     sp = sampling.sampling_params(1.0)
 
     def reward(out):
@@ -148,6 +171,7 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
         t3 = time.perf_counter()
         n_decode = int(np.asarray(out.lengths).max())
         times = {"step": t3 - t0, "sample": t1 - t0, "reward": t2 - t1, "train": t3 - t2}
+        times["logp_mismatch"] = float(metrics["logp_mismatch"])
         return state, batch, times, n_decode
 
     t = time.perf_counter()
@@ -165,7 +189,12 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
     timed = functools.partial(median_time, reps=3)
 
     prompt, pmask = batch.prompt, batch.prompt_mask
-    prefill = jax.jit(lambda prm, pr, pm: tfm.prefill(prm, cfg, pr, pm, group, max_new))
+
+    def prefill_fn(prm, pr, pm):
+        prm, model = sampling.rollout_weights(prm, cfg, rollout_dtype)
+        return tfm.prefill(prm, model, pr, pm, group, max_new)
+
+    prefill = jax.jit(prefill_fn)
     prefill_s = timed(prefill, state.params, prompt, pmask)
     logits = jax.random.normal(jax.random.PRNGKey(0), (b, group, cfg.vocab_size), jnp.float32)
     choose = jax.jit(lambda lg, k: sampling.choose_tokens(lg, k, sp))
@@ -192,27 +221,46 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
 
     n_dec = statistics.median(decode_steps)
     decode_tok_s = (med["sample"] - prefill_s) / max(n_dec, 1)
-    peak, bw = rates["matmul_gflops"] * 1e9, rates["bandwidth_gbs"] * 1e9
+    bw = rates["bandwidth_gbs"] * 1e9
+    peak32 = rates["matmul_gflops"] * 1e9
+    rate16 = rates.get("matmul_bf16_gflops", rates["matmul_gflops"]) * 1e9
+    peak = peak32 if compute_dtype == "float32" else rate16  # the train half's matmul rate
+    peak_roll = peak32 if rollout_dtype == "float32" else rate16
     n_param = cfg.num_params()
     w_bytes = n_param * 4
+    # the sampler reads its own copy of the weights: float32, or bf16 plus the untied [D, V] head
+    w_read = w_bytes if rollout_dtype == "float32" else (n_param + cfg.vocab_size * cfg.d_model) * 2
     rows_dec = b * group
     ctx = p + n_dec / 2  # the mean context of a decode step
     f_prefill = b * p * cfg.matmul_flops_per_token(p // 2)
     f_decode = rows_dec * cfg.matmul_flops_per_token(ctx)  # per decode step
-    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * 4 * (b * p + rows_dec * n_dec / 2)
+    kv_item = 4 if rollout_dtype == "float32" else 2
+    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * kv_item * (b * p + rows_dec * n_dec / 2)
     tok_comp = float(np.mean(tokens))  # completion tokens actually sampled per step
     f_fwd = b * p * cfg.matmul_flops_per_token(p // 2) + b * group * max_new * cfg.matmul_flops_per_token(
         p + max_new // 2
     )  # the train step's forward over the padded [B, G, max_new] completions (prompt once per group)
     floors = {
-        "prefill": f_prefill / peak,
-        "decode_per_token": max(f_decode / peak, (w_bytes + kv_bytes) / bw),
+        "prefill": f_prefill / peak_roll,
+        "decode_per_token": max(f_decode / peak_roll, (w_read + kv_bytes) / bw),
         "reference_forward": f_fwd / peak,
         "policy_forward_backward": 3 * f_fwd / peak,
         "optimizer": 7 * w_bytes / bw,  # AdamW reads params, grads, m, v and writes params, m, v
     }
     flops_step = f_prefill + f_decode * n_dec + 5 * f_fwd
-    common = dict(size="smollm2", params=n_param, B=b, G=group, P=p, T=max_new, backend=jax.default_backend())
+    common = dict(
+        size="smollm2",
+        params=n_param,
+        B=b,
+        G=group,
+        P=p,
+        T=max_new,
+        backend=jax.default_backend(),
+        compute_dtype=compute_dtype,
+        rollout_dtype=rollout_dtype,
+        logp_chunk=logp_chunk,
+        remat=cfg.remat,
+    )
     emit(figure="first_step_s", value=round(first, 3), **common)
     emit(figure="step_s_median", value=round(med["step"], 3), **common)
     emit(figure="sampling_s_median", value=round(med["sample"], 3), **common)
@@ -221,6 +269,7 @@ def bench_peer(steps: int, rates: dict[str, float], emit, *, group: int = 8, max
     emit(figure="decode_steps_median", value=n_dec, **common)
     emit(figure="reward_s_median", value=round(med["reward"], 4), **common)
     emit(figure="train_step_s_median", value=round(med["train"], 3), **common)
+    emit(figure="logp_mismatch_median", value=float(f"{med['logp_mismatch']:.3g}"), **common)
     phases = [
         ("prefill", prefill_s),
         ("decode_per_token", decode_tok_s),

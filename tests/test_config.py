@@ -123,6 +123,7 @@ def test_trl_default_keeps_its_recipe_over_the_quickstart():
         ),
         (["--micro_batches=3"], "--micro_batches=3: mini_batches x micro_batches = 1 x 3 must divide"),
         (["--remat=yes"], "--remat=yes: "),
+        (["--rollout_dtype=float16"], "--rollout_dtype=float16: valid: float32, bfloat16"),
         (["--adv_method=zscore"], "--adv_method=zscore: valid: grpo, dr_grpo, rloo, batch_std"),
         (["--preset=ppo"], "--preset=ppo: unknown preset 'ppo'; valid presets are deepseekmath"),
         (["--preset=dapo"], "--overlong_cache_len=4096: must be < max_new_tokens=24"),

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.policies import transformer as tfm
-from grpo_jax.policies.sampling import _decode_loop, choose_tokens
+from grpo_jax.policies.sampling import _decode_loop, choose_tokens, rollout_config, with_rollout_weights
 
 
 class RowCache(NamedTuple):
@@ -160,17 +160,24 @@ class Continuer(NamedTuple):
 
 
 @functools.lru_cache(maxsize=64)
-def make_continuer(cfg: tfm.TransformerConfig, *, max_new: int, eos_id, pad_id: int) -> Continuer:
+def make_continuer(
+    cfg: tfm.TransformerConfig, *, max_new: int, eos_id, pad_id: int, weights_dtype: str = "float32"
+) -> Continuer:
     """The jitted functions of a later turn: a feedback turn appended to a RowCache and the next reply
-    sampled, or the reply sampled after token contexts encoded from scratch (evaluation's second turn)."""
+    sampled, or the reply sampled after token contexts encoded from scratch (evaluation's second turn).
+    `weights_dtype` as in `sampling.make_sampler` (a RowCache must come from a sampler of the same dtype)."""
     kw = dict(max_new=max_new, eos_id=eos_id, pad_id=pad_id, choose=choose_tokens)
+    model = rollout_config(cfg, weights_dtype)
 
     def extend_decode(params, rc, tokens, mask, key, sp):
-        rc, logits = extend(params, cfg, rc, tokens, mask)
-        return decode(params, cfg, rc, logits, key, sp, **kw)
+        rc, logits = extend(params, model, rc, tokens, mask)
+        return decode(params, model, rc, logits, key, sp, **kw)
 
     def from_tokens(params, ctx, ctx_mask, key, sp):
-        rc, logits = prefill_rows(params, cfg, ctx, ctx_mask)
-        return decode(params, cfg, rc, logits, key, sp, **kw)
+        rc, logits = prefill_rows(params, model, ctx, ctx_mask)
+        return decode(params, model, rc, logits, key, sp, **kw)
 
-    return Continuer(jax.jit(extend_decode), jax.jit(from_tokens))
+    return Continuer(
+        with_rollout_weights(extend_decode, cfg, weights_dtype)[0],
+        with_rollout_weights(from_tokens, cfg, weights_dtype)[0],
+    )

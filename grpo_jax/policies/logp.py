@@ -104,7 +104,11 @@ def _accumulate_head_grad(dw: jax.Array, dz: jax.Array, h: jax.Array, vocab_majo
         dzb = jax.lax.dynamic_slice_in_dim(dz, start, vb, axis=1)  # [c, vb]
         fresh = (start + jnp.arange(vb)) >= b * vb  # ids not added by an earlier block
         dzb = jnp.where(fresh[None, :], dzb, 0.0)
-        upd = _dot(dzb, h, 0, 0) if vocab_major else _dot(h, dzb, 0, 0)  # [vb, D] or [D, vb]
+        if h.dtype != f32:  # bf16 operands, each contracting its rows in memory (tfm._transposed)
+            dzb = dzb.astype(h.dtype)
+            upd = _dot(tfm._transposed(dzb), h, 1, 0) if vocab_major else _dot(tfm._transposed(h), dzb, 1, 0)
+        else:
+            upd = _dot(dzb, h, 0, 0) if vocab_major else _dot(h, dzb, 0, 0)  # [vb, D] or [D, vb]
         cur = jax.lax.dynamic_slice_in_dim(dw, start, vb, axis=axis)
         return jax.lax.dynamic_update_slice_in_dim(dw, cur + upd, start, axis=axis)
 
@@ -127,7 +131,11 @@ def _chunked_bwd(vocab_major, res, cts):
         )
         dtemp = dtemp - jnp.sum(delta * z) / temp
         dz = delta / temp  # ∂L/∂logits [c, V]
-        dh = _dot(dz, w, 1, 0 if vocab_major else 1).astype(hc.dtype)  # [c, D]
+        # [c, D]; below float32 δ enters the product in the compute dtype (XLA:CPU would run a float32 x bf16
+        # product at the float32 rate), as every other backward product of mixed precision
+        dh = _dot(dz if w.dtype == f32 else dz.astype(w.dtype), w, 1, 0 if vocab_major else 1).astype(
+            hc.dtype
+        )
         return (_accumulate_head_grad(dw, dz, hc, vocab_major), dtemp), dh
 
     init = (jnp.zeros(w.shape, f32), jnp.zeros((), f32))

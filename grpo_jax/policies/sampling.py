@@ -23,6 +23,7 @@ evaluation, where logp is not consumed).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -296,8 +297,10 @@ def sample(
     (SampleOutput, the final KV cache), for a later turn that continues these conversations
     (grpo_jax.policies.continuation)."""
     b = prompt.shape[0]
-    cache, logits0 = tfm.prefill(params, cfg, prompt, prompt_mask, group, max_new)
     layers = tfm.split_layers(params)  # once, outside the loop
+    # bf16 weights (rollout_weights): the prefill unrolled over the same per-layer slices (tfm.prefill)
+    unrolled = layers if jnp.dtype(cfg.compute_dtype) != jnp.float32 else None
+    cache, logits0 = tfm.prefill(params, cfg, prompt, prompt_mask, group, max_new, layers=unrolled)
     logits = jnp.broadcast_to(logits0[:, None, :], (b, group, logits0.shape[-1]))
     return _decode_loop(
         cache,
@@ -408,6 +411,59 @@ def sample_lora_members(
     return jax.tree.map(lambda x: x.reshape(m, b, *x.shape[1:]), out)
 
 
+ROLLOUT_DTYPES = ("float32", "bfloat16")
+
+
+def rollout_config(cfg: tfm.TransformerConfig, dtype: str) -> tfm.TransformerConfig:
+    """The model config a sampler with `dtype` weights runs (`rollout_weights`); cfg itself for float32."""
+    if dtype not in ROLLOUT_DTYPES:
+        raise ValueError(f"rollout dtype {dtype!r}: valid: {', '.join(ROLLOUT_DTYPES)}")
+    if dtype == "float32":
+        return cfg
+    return dataclasses.replace(cfg, compute_dtype=dtype, param_dtype=dtype, tie_embeddings=False)
+
+
+def rollout_weights(params, cfg: tfm.TransformerConfig, dtype: str = "float32"):
+    """(params, cfg) a sampler runs on when its weights are `dtype` (ROLLOUT_DTYPES).
+
+    "float32": the policy's own (params, cfg), untouched (the sampler's numerics are the trainer's). Below
+    float32: every floating leaf but the embedding table cast to `dtype` and the config computing in it
+    (param_dtype = compute_dtype = dtype; embedded rows are cast after the lookup, because XLA:CPU gathers
+    from a bf16 table by converting all of it); a tied LM head becomes an untied `lm_head` [D, V] copy of
+    embed.T, because XLA:CPU reads a bf16 [V, D] matrix through a transposed dot ~10x slower than the [D, V]
+    one (WORKSPACE.md §6, "Mixed precision and bf16 rollouts"). Logits, log-softmax, the token draw, the KV
+    cache and the attention stay float32 (transformer.KVCache). A decode step of a weight-read-bound model
+    reads half the bytes; the behaviour policy then differs from π_θ by bf16 rounding (`logp_mismatch`
+    measures it, `--tis_cap` corrects for it, as for an inference engine's rollouts). The samplers cast in a
+    jitted call of their own (`with_rollout_weights`), before the sampling call: inside one jit XLA:CPU kept
+    float32 copies of the cast weights for some of their uses."""
+    model = rollout_config(cfg, dtype)
+    if model is cfg:
+        return params, cfg
+    dt = jnp.dtype(dtype)
+    out = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+    if cfg.tie_embeddings:
+        out = {**out, "lm_head": params["embed"].T.astype(dt)}
+    # the embedding table stays as it is: a lookup reads a few rows (cast after the gather), and XLA:CPU
+    # gathers from a bf16 table by converting all of it to float32 first
+    return {**out, "embed": params["embed"]}, model
+
+
+def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
+    """(fn', cfg'): fn(params, *args) of a sampler jitted for cfg' (= rollout_weights' config), and fn'
+    that takes the POLICY's params: cast by a separate jitted call (once per call of fn'), then fn."""
+    model = rollout_config(cfg, dtype)
+    if model is cfg:
+        return jax.jit(fn), cfg
+    cast = jax.jit(lambda params: rollout_weights(params, cfg, dtype)[0])
+    jitted = jax.jit(fn)
+
+    def call(params, *args):
+        return jitted(cast(params), *args)
+
+    return call, model
+
+
 @functools.lru_cache(maxsize=64)
 def make_sampler(
     cfg: tfm.TransformerConfig,
@@ -417,14 +473,17 @@ def make_sampler(
     eos_id: int | tuple[int, ...],
     pad_id: int,
     with_cache: bool = False,
+    weights_dtype: str = "float32",
 ):
     """A jitted `sampler(params, prompt, prompt_mask, key, sp) -> SampleOutput` (compiled once per shape);
-    `with_cache`: -> (SampleOutput, KVCache)."""
+    `with_cache`: -> (SampleOutput, KVCache). `weights_dtype`: the weights and compute dtype the sampler
+    runs in (`rollout_weights`; it takes the policy's params and casts them first)."""
+    model = rollout_config(cfg, weights_dtype)
 
     def fn(params, prompt, prompt_mask, key, sp):
         return sample(
             params,
-            cfg,
+            model,
             prompt,
             prompt_mask,
             key,
@@ -436,4 +495,4 @@ def make_sampler(
             with_cache=with_cache,
         )
 
-    return jax.jit(fn)
+    return with_rollout_weights(fn, cfg, weights_dtype)[0]

@@ -274,6 +274,51 @@ def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
     return (y * w.astype(jnp.float32)).astype(x.dtype)
 
 
+def _transposed(x: jax.Array) -> jax.Array:
+    """x.T [M, N] of a 2-D x [N, M] as a physically transposed row-major array. XLA folds a plain transpose
+    into the dot that consumes it (a dot contracting the lhs's major or the rhs's minor dimension), and
+    XLA:CPU's fast bf16 kernels (YNNPACK) take neither form: it upcasts such a dot to float32 (~4x slower
+    here). A one-dimensional array has one layout, so the flattened transpose must be written out."""
+    flat = jax.lax.optimization_barrier(x.T.reshape(-1))
+    return flat.reshape(x.shape[1], x.shape[0])
+
+
+@jax.custom_vjp
+def _lowp_matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+    """a @ b for a low-precision `a` [N, K] and a weight `b` [K, M] of any float dtype (a float32 master
+    weight): b is cast to a's dtype, the product accumulates in float32 and is rounded once to a's dtype.
+    The backward runs the same kind of product (low-precision operands, float32 accumulation, operands
+    transposed in memory, `_transposed`): da is rounded to a's dtype, db = aᵀ·g stays float32 until it is
+    cast to b's dtype. JAX's own transpose rule would multiply a float32 cotangent by the bf16 operand, and
+    XLA:CPU would run it at the float32 rate."""
+    return jnp.matmul(a, b.astype(a.dtype), preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+def _lowp_matmul_fwd(a, b):
+    return _lowp_matmul(a, b), (a, b)
+
+
+def _lowp_matmul_bwd(res, g):
+    a, b = res
+    g = g.astype(a.dtype)
+    da = jnp.matmul(g, _transposed(b.astype(a.dtype)), preferred_element_type=jnp.float32).astype(a.dtype)
+    db = jnp.matmul(_transposed(a), g, preferred_element_type=jnp.float32).astype(b.dtype)
+    return da, db
+
+
+_lowp_matmul.defvjp(_lowp_matmul_fwd, _lowp_matmul_bwd)
+
+
+def matmul(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
+    """a [N, K] @ b [K, M] in the compute dtype (b: a weight in its param dtype). float32: the plain product.
+    Below float32 (`_lowp_matmul`): low-precision operands, float32 accumulation, one rounding to `dtype`,
+    forward and backward. XLA:CPU runs a bf16 x bf16 -> bf16 dot ~5x slower than the float32 one, and a
+    bf16 x bf16 -> float32 dot ~5x faster (WORKSPACE.md §6, "Mixed precision and bf16 rollouts")."""
+    if jnp.dtype(dtype) == jnp.float32:
+        return a @ b.astype(dtype)
+    return _lowp_matmul(a.astype(dtype), b)
+
+
 def dense(x: jax.Array, p: dict, dtype) -> jax.Array:
     """x @ kernel (+ bias) (+ LoRA: x @ lora_a @ lora_b * lora_scale when adapters are merged into `p`).
 
@@ -285,14 +330,14 @@ def dense(x: jax.Array, p: dict, dtype) -> jax.Array:
     than the same dot in 2-D (measured: the tiny GRPO step's policy backward went from 2.26 s to 1.38 s)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    y = x2 @ p["kernel"].astype(dtype)
+    y = matmul(x2, p["kernel"], dtype)
     if "bias" in p:
         y = y + p["bias"].astype(dtype)
     if "lora_a" in p:
         a, b = p["lora_a"].astype(dtype), p["lora_b"].astype(dtype)
         scale = p["lora_scale"].astype(dtype)
         if a.ndim == 2:
-            y = y + ((x2 @ a) @ b) * scale
+            y = y + matmul(matmul(x2, p["lora_a"], dtype), p["lora_b"], dtype) * scale
         else:  # M members: rows member-major
             xm = x2.reshape(a.shape[0], -1, x2.shape[-1])  # [M, N/M, in]
             delta = jnp.einsum("mnr,mro->mno", jnp.einsum("mni,mir->mnr", xm, a), b)
@@ -546,7 +591,10 @@ class KVCache(NamedTuple):
     (one buffer per layer, so each decode step updates them in place); prompt_mask [B, P]; prompt_len [B].
     Heads come before positions so that the attention dots read the caches in place: with positions first,
     XLA:CPU transposed every layer's whole completion cache on every decode step (measured: ~20% of the
-    tiny model's decode time)."""
+    tiny model's decode time). The cache is float32 with any compute dtype (a bf16 sampler's attention then
+    runs in float32): XLA:CPU writes a token into a bf16 buffer by converting the whole buffer, and
+    multiplies bf16 attention operands by converting them to float32 on every decode step (measured: a
+    bf16 cache made the SmolLM2 decode step slower than a float32 one)."""
 
     prompt_k: jax.Array
     prompt_v: jax.Array
@@ -569,8 +617,13 @@ def prefill(
     prompt_mask: jax.Array,
     group: int,
     max_new: int,
+    layers: list[dict] | None = None,
 ):
-    """Encode the prompts once; return (cache with empty completion part, logits [B, V] of the next token)."""
+    """Encode the prompts once; return (cache with empty completion part, logits [B, V] of the next token).
+
+    The layers run in a `lax.scan` over the stacked parameters, or unrolled over `layers` (split_layers of
+    them) when given: the bf16 sampler passes them, because XLA:CPU slices a stacked bf16 operand inside a
+    loop by converting the whole stack to float32 first (~0.2 s per SmolLM2 rollout)."""
     dtype = _dt(cfg.compute_dtype)
     pmask = prompt_mask.astype(bool)
     ppos = prompt_positions(pmask)
@@ -588,14 +641,22 @@ def prefill(
         x = _mlp(cfg, lp, _out_proj(cfg, lp, x, o, dtype), dtype)
         return x, (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))  # [B,K,P,Dh]
 
-    x, (ks, vs) = jax.lax.scan(layer, x, params["layers"])  # ks [L,B,K,P,Dh]
+    if layers is None:
+        x, (ks, vs) = jax.lax.scan(layer, x, params["layers"])  # ks [L,B,K,P,Dh]
+    else:
+        kv = []
+        for lp in layers:
+            x, lkv = layer(x, lp)
+            kv.append(lkv)
+        ks, vs = (jnp.stack([a[i] for a in kv]) for i in (0, 1))
     logits, _ = _head(cfg, params, x[:, -1])
     shape = (b, group, cfg.n_kv_heads, max_new, cfg.dim_head)
+    f32 = jnp.float32  # the cache is float32 whatever the compute dtype (KVCache)
     cache = KVCache(
-        prompt_k=ks,
-        prompt_v=vs,
-        comp_k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
-        comp_v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.n_layers)),
+        prompt_k=ks.astype(f32),
+        prompt_v=vs.astype(f32),
+        comp_k=tuple(jnp.zeros(shape, f32) for _ in range(cfg.n_layers)),
+        comp_v=tuple(jnp.zeros(shape, f32) for _ in range(cfg.n_layers)),
         prompt_mask=pmask,
         prompt_len=jnp.sum(pmask, axis=-1).astype(jnp.int32),
     )
@@ -623,6 +684,11 @@ def decode_step(
     pmask = cache.prompt_mask[:, None, None, None, None, :]  # [B,1,1,1,1,P]
     cmask = (jnp.arange(tmax) <= t)[None, None, None, None, None, :]  # [1,1,1,1,1,T]
     scale = 1.0 / math.sqrt(cfg.dim_head)
+    # below float32 (the bf16 rollout sampler): the attention of the single new token as multiply-and-reduce
+    # over the float32 cache, fused loops instead of XLA:CPU's batched dots on [Dh]-sized per-head matrices
+    # with operands converted every step (measured: the SmolLM2 bf16 rollout 15 % faster). float32 keeps the
+    # batched dots (the same rewrite measured within noise there, and its sampled tokens stay bit-identical)
+    reduce_attn = jnp.dtype(dtype) != jnp.float32
     comp_k, comp_v = list(cache.comp_k), list(cache.comp_v)
     for li, lp in enumerate(layers):
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
@@ -634,12 +700,22 @@ def decode_step(
             comp_v[li], jnp.swapaxes(v, 2, 3).astype(comp_v[li].dtype), (0, 0, 0, t, 0)
         )
         pk, pv = cache.prompt_k[li], cache.prompt_v[li]  # [B,K,P,Dh]
-        s1 = jnp.einsum("bhtkgd,bksd->bhkgts", q, pk, preferred_element_type=jnp.float32) * scale
-        s2 = jnp.einsum("bhtkgd,bhksd->bhkgts", q, ck, preferred_element_type=jnp.float32) * scale
-        w1, w2 = _softmax_attend([s1, s2], [pmask, cmask])
-        o = jnp.einsum("bhkgts,bksd->bhtkgd", w1.astype(dtype), pv) + jnp.einsum(
-            "bhkgts,bhksd->bhtkgd", w2.astype(dtype), cv
-        )
+        if reduce_attn:
+            qf = q[:, :, 0].astype(jnp.float32)  # [B,G,K,g,Dh]
+            s1 = jnp.sum(qf[:, :, :, :, None, :] * pk[:, None, :, None], axis=-1)[..., None, :] * scale
+            s2 = jnp.sum(qf[:, :, :, :, None, :] * ck[:, :, :, None], axis=-1)[..., None, :] * scale
+            w1, w2 = _softmax_attend([s1, s2], [pmask, cmask])  # [B,G,K,g,1,S]
+            o = jnp.sum(w1[:, :, :, :, 0, :, None] * pv[:, None, :, None], axis=-2) + jnp.sum(
+                w2[:, :, :, :, 0, :, None] * cv[:, :, :, None], axis=-2
+            )  # [B,G,K,g,Dh]
+            o = o[:, :, None]
+        else:
+            s1 = jnp.einsum("bhtkgd,bksd->bhkgts", q, pk, preferred_element_type=jnp.float32) * scale
+            s2 = jnp.einsum("bhtkgd,bhksd->bhkgts", q, ck, preferred_element_type=jnp.float32) * scale
+            w1, w2 = _softmax_attend([s1, s2], [pmask, cmask])
+            o = jnp.einsum("bhkgts,bksd->bhtkgd", w1.astype(dtype), pv) + jnp.einsum(
+                "bhkgts,bhksd->bhtkgd", w2.astype(dtype), cv
+            )
         x = _mlp(cfg, lp, _out_proj(cfg, lp, x, o, dtype), dtype)
     logits, _ = _head(cfg, params, x[:, :, 0])
     return cache._replace(comp_k=tuple(comp_k), comp_v=tuple(comp_v)), logits

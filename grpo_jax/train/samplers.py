@@ -36,7 +36,7 @@ class KVCacheSampler:
 
     def __init__(self, model, ro: RolloutConfig, *, eos_ids: tuple[int, ...], pad_id: int):
         self.params = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
-        kw = dict(max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id)
+        kw = dict(max_new=ro.max_new_tokens, eos_id=eos_ids, pad_id=pad_id, weights_dtype=ro.rollout_dtype)
         self._fn = sampling.make_sampler(model, group=ro.group_size, **kw)
         self._cached = sampling.make_sampler(model, group=ro.group_size, with_cache=True, **kw)
         self._continue = continuation.make_continuer(model, **kw)
