@@ -199,3 +199,22 @@ def test_train_step_bf16_keeps_float32_params_and_matches_float32_loss():
     # (float32 decode vs bf16 grouped forward; measured 2.7e-4), against 2e-8 for the float32 trainer.
     assert float(m32[0]["logp_mismatch"]) < 1e-5
     assert float(m16[0]["logp_mismatch"]) < 5e-3
+
+
+def test_low_precision_matmul_gradients_are_the_products_of_the_rounded_operands():
+    """tfm.matmul below float32 (a custom VJP): da = g·bᵀ rounded to a's dtype, db = aᵀ·g in float32 (the
+    master weight's dtype); exact here (small integers, exactly representable in bf16)."""
+    a = jnp.asarray([[1.0, 2.0], [3.0, 4.0]], jnp.bfloat16)
+    b = jnp.asarray([[1.0, 0.0, 2.0], [0.0, 1.0, 1.0]], jnp.float32)
+    g = jnp.asarray([[1.0, 2.0, 3.0], [0.0, 1.0, 0.0]], jnp.float32)
+
+    def f(a, b):
+        return jnp.sum(tfm.matmul(a, b, jnp.bfloat16).astype(jnp.float32) * g)
+
+    np.testing.assert_array_equal(
+        np.asarray(tfm.matmul(a, b, jnp.bfloat16), np.float32), [[1, 2, 4], [3, 4, 10]]
+    )
+    da, db = jax.grad(f, argnums=(0, 1))(a, b)
+    assert da.dtype == jnp.bfloat16 and db.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(da, np.float32), [[7.0, 5.0], [0.0, 1.0]])  # g · bᵀ
+    np.testing.assert_array_equal(np.asarray(db), [[1.0, 5.0, 3.0], [2.0, 8.0, 6.0]])  # aᵀ · g
