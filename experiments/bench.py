@@ -80,14 +80,14 @@ flags.DEFINE_enum(
     "compute_dtype",
     "float32",
     ["float32", "bfloat16"],
-    "smollm2 only: the train step's compute dtype (--compute_dtype of experiments.codegen: float32 master "
-    "weights, optimizer and losses either way; bfloat16 = mixed precision).",
+    "The train step's compute dtype (--compute_dtype of experiments.codegen: float32 master weights, "
+    "optimizer and losses either way; bfloat16 = mixed precision).",
 )
 flags.DEFINE_enum(
     "rollout_dtype",
     "float32",
     ["float32", "bfloat16"],
-    "smollm2 only: the sampler's weights and compute dtype (--rollout_dtype of experiments.codegen).",
+    "The sampler's weights and compute dtype (--rollout_dtype of experiments.codegen).",
 )
 flags.DEFINE_integer(
     "logp_chunk",
@@ -109,7 +109,18 @@ def emit(**kw):
     print(json.dumps(kw), flush=True)
 
 
-def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: float | None, remat: str):
+def bench_size(
+    size: str,
+    steps: int,
+    B: int,
+    G: int,
+    P: int,
+    T: int,
+    peak: float | None,
+    remat: str,
+    compute_dtype: str = "float32",
+    rollout_dtype: str = "float32",
+):
     import dataclasses
 
     import jax
@@ -133,10 +144,11 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     else:
         cfg = {"tiny": tfm.TINY, "small": tfm.SMALL}[size]
         params = tfm.init_params(cfg, jax.random.PRNGKey(0))
-    cfg = dataclasses.replace(cfg, remat=remat, logp_chunk=256 if size == "smollm2_random" else 0)
+    chunk = 256 if size == "smollm2_random" else 0
+    cfg = dataclasses.replace(cfg, remat=remat, logp_chunk=chunk, compute_dtype=compute_dtype)
     state = init_state(jax.device_put(params), obj, optimizer, seed=0)
     train_step = make_train_step(cfg, obj, optimizer, temperature=1.0)
-    sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0)
+    sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0, weights_dtype=rollout_dtype)
     sp = sampling.sampling_params(1.0)
     logp = policy_logp_fn(cfg)
     ref_fn = jax.jit(lambda p, pr, pm, c: logp(p, pr, pm, c, 1.0)[0])  # the reference pass alone
@@ -174,7 +186,7 @@ def bench_size(size: str, steps: int, B: int, G: int, P: int, T: int, peak: floa
     flops = fwd + fwd + 3 * fwd  # sampling, reference, policy fwd+bwd
     unshared = G * fwd_prompt * 5 + fwd_comp * 5
     common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
-    common["remat"] = remat
+    common.update(remat=remat, compute_dtype=compute_dtype, rollout_dtype=rollout_dtype)
     emit(figure="first_step_s", value=round(first, 3), **common)
     emit(figure="step_s_median", value=round(step_s, 3), **common)
     emit(figure="sampling_s_median", value=round(statistics.median(samp), 3), **common)
@@ -250,6 +262,7 @@ def main(argv):
             args += [f"--new_tokens={FLAGS.new_tokens}", "--nomatmul"]
             args += [f"--compilation_cache={FLAGS.compilation_cache}"]
             args += [f"--remat={FLAGS.remat}"] if FLAGS.remat else []
+            args += [f"--compute_dtype={FLAGS.compute_dtype}", f"--rollout_dtype={FLAGS.rollout_dtype}"]
             env = dict(os.environ, GRPO_BENCH_RATES=json.dumps(rates or {}))
             subprocess.run(args, check=True, env=env)
         return
@@ -279,7 +292,16 @@ def main(argv):
 
     remat = FLAGS.remat or ModelConfig().remat
     bench_size(
-        FLAGS.size, FLAGS.steps, FLAGS.prompts, FLAGS.group, FLAGS.prompt_len, FLAGS.new_tokens, peak, remat
+        FLAGS.size,
+        FLAGS.steps,
+        FLAGS.prompts,
+        FLAGS.group,
+        FLAGS.prompt_len,
+        FLAGS.new_tokens,
+        peak,
+        remat,
+        compute_dtype=FLAGS.compute_dtype,
+        rollout_dtype=FLAGS.rollout_dtype,
     )
 
 
