@@ -182,3 +182,35 @@ def test_decode_stops_at_any_eos_id():
     tokens = np.asarray([ids])
     assert decode_completions(tok, tokens, np.ones_like(tokens)) == ["ab"]
     assert decode_completions(TOK, tokens, np.ones_like(tokens)) == ["ab!cd"]
+
+
+def test_length_bucketed_batches_keep_to_a_prompt_token_budget():
+    """prompt_len None: prompts in order of length, each batch padded to its own length (a multiple of
+    BUCKET = 64); with max_batch_tokens a batch padded to L holds at most max(1, budget // L) rows, one static
+    shape per length. Without it: groups of `batch`, as before."""
+    import dataclasses
+
+    lengths = [300, 10, 140, 70, 20, 150, 80, 130]
+    problems = [dataclasses.replace(PROBLEMS[0], task_id=f"p{n}", prompt="x" * n) for n in lengths]
+    shapes, seen = [], []
+
+    def sample_fn(prompt, pmask, n, greedy):
+        shapes.append(prompt.shape)
+        seen.append(sorted(int(m.sum()) for m in pmask))
+        return np.zeros((prompt.shape[0], n, 4), np.int32), np.zeros((prompt.shape[0], n, 4), np.int32)
+
+    def run(budget):
+        shapes.clear()
+        seen.clear()
+        texts, _ = pipeline._batched_samples(
+            sample_fn, TOK, problems, None, 4, 1, True, pipeline.PLAIN, max_batch_tokens=budget
+        )
+        assert len(texts) == len(problems)
+        return list(shapes), list(seen)
+
+    assert pipeline.BUCKET == 64
+    got, rows = run(256)
+    assert got == [(4, 64), (2, 128), (1, 192), (1, 192), (1, 192), (1, 320)]
+    assert rows == [[10, 20, 20, 20], [70, 80], [130], [140], [150], [300]]  # the last prompt repeated
+    got, _ = run(None)
+    assert got == [(4, 128), (4, 320)]

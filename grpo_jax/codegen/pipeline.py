@@ -184,23 +184,42 @@ def _batched_samples(
     greedy: bool,
     fmt: PromptFormat,
     turns: TurnsFn | None = None,
+    max_batch_tokens: int | None = None,
 ) -> tuple[list[str], np.ndarray | None]:
     """Problem-major completion texts (n per problem) and, with `turns`, the turn at which each sample passed
     [len(problems) * n]; the last batch is padded by repeating a problem so the sampler sees one static shape.
     prompt_len None: problems are batched in order of prompt length and each batch is padded to its own length
-    (a multiple of BUCKET), so one long prompt pads no other batch."""
+    (a multiple of BUCKET), so one long prompt pads no other batch; with max_batch_tokens, a batch of prompts
+    padded to length L holds at most max(1, max_batch_tokens // L) of them (fewer than `batch` for long
+    prompts: the sampler's memory grows with rows x length)."""
     order = list(range(len(problems)))
     if prompt_len is None:
         lengths = [len(tok.encode(render_prompt(tok, p, fmt))) for p in problems]
         order.sort(key=lambda i: lengths[i])
     texts: list[str] = [""] * (len(problems) * n)
     passed_turn = None if turns is None else np.zeros(len(problems) * n, np.int64)
-    for start in range(0, len(order), batch):
-        ids = order[start : start + batch]
+
+    def bucket(n_tokens: int) -> int:
+        return -(-n_tokens // BUCKET) * BUCKET
+
+    def rows_for(plen: int) -> int:  # the batch's rows (one static shape per prompt length)
+        return batch if not max_batch_tokens else max(1, min(batch, max_batch_tokens // plen))
+
+    start = 0
+    while start < len(order):
+        if prompt_len is None:  # prompts in order of length: the last one taken sets the batch's length
+            end = start + 1
+            while end < len(order) and end - start < rows_for(bucket(lengths[order[end]])):
+                end += 1
+            ids = order[start:end]
+            plen = bucket(max(lengths[i] for i in ids))
+            rows = rows_for(plen)
+        else:
+            ids, plen, rows = order[start : start + batch], prompt_len, batch
+        start += len(ids)
         chunk = [problems[i] for i in ids]
         real = len(chunk)
-        chunk += [chunk[-1]] * (batch - real)
-        plen = prompt_len if prompt_len is not None else -(-max(lengths[i] for i in ids) // BUCKET) * BUCKET
+        chunk += [chunk[-1]] * (rows - real)
         prompt, pmask = encode_prompts(tok, chunk, plen, fmt)
         tokens, mask = sample_fn(prompt, pmask, n, greedy)
         out = decode_completions(tok, np.asarray(tokens)[:real], np.asarray(mask)[:real])
@@ -226,6 +245,7 @@ def evaluate(
     fmt: PromptFormat = PLAIN,
     details: dict | None = None,
     turns: TurnsFn | None = None,
+    max_batch_tokens: int | None = None,
 ) -> dict[str, float]:
     """Held-out metrics as a flat dict of floats.
 
@@ -234,7 +254,8 @@ def evaluate(
     (k <= n_samples); "pass@1/sampled": the same estimator at k = 1 (mean per-sample pass rate);
     "level{L}/pass@1" (greedy) and "level{L}/pass_rate" (sampled) per level; "status/{s}" counts over the
     sampled completions; "n_problems". n_samples = 0 (with ks empty) evaluates greedy pass@1 only.
-    prompt_len None: each batch at its own prompt length (see _batched_samples).
+    prompt_len None: each batch at its own prompt length, at most max_batch_tokens prompt positions per batch
+    when given (see _batched_samples).
     details: a dict to receive what the metrics were computed from (nothing else changes):
     "greedy" = (texts [B], verdicts [B]) and, when sampled, "sampled" = (texts [B * n_samples], verdicts),
     problem-major; texts are the model's replies (completion_for turns one into the graded completion);
@@ -252,7 +273,7 @@ def evaluate(
     out: dict[str, float] = {"n_problems": float(len(problems))}
 
     greedy_texts, greedy_turn = _batched_samples(
-        sample_fn, tok, problems, prompt_len, batch, 1, True, fmt, turns
+        sample_fn, tok, problems, prompt_len, batch, 1, True, fmt, turns, max_batch_tokens
     )
     greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
     if details is not None:
@@ -272,7 +293,7 @@ def evaluate(
 
     if n_samples > 0 and ks:
         texts, turn = _batched_samples(
-            sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt, turns
+            sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt, turns, max_batch_tokens
         )
         if turn is not None:
             out.update(_turn_metrics(turn, n_samples, [k for k in ks if k > 1], turns.max_turns))
