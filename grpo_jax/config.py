@@ -1390,9 +1390,10 @@ class RolloutConfig:
         "float32",
         "Weights and compute dtype of the training rollouts' sampler. float32: the policy's own numerics "
         "(the sampler's log-probs equal the trainer's to rounding). bfloat16: the weights are cast once per "
-        "rollout and decoding reads half the bytes (1.6x the SmolLM2 generation rate on CPU); the behaviour "
+        "rollout and decoding reads half the bytes (1.7x the SmolLM2 generation rate on CPU); the behaviour "
         "policy then differs from the trained policy by bf16 rounding, as an inference engine's rollouts do: "
-        "logp_mismatch measures it and --tis_cap corrects for it. Evaluation always samples in float32.",
+        "logp_mismatch measures it and --tis_cap corrects for it. Evaluation samples the policy as it is "
+        "(--compute_dtype), never in the rollout dtype.",
         choices=ROLLOUT_DTYPES,
     )
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: refill groups whose rewards are all equal.")
