@@ -95,3 +95,24 @@ def test_bfloat16_sampler_log_probs_are_the_float32_trainers_to_bf16_rounding(te
     if "float32" in gaps:
         assert gaps["float32"] < 1e-5
     assert 1e-3 < gaps["bfloat16"] < 0.08
+
+
+@pytest.mark.parametrize("g", [1, 3])
+@pytest.mark.parametrize("t", [2, 11])
+def test_one_token_attention_equals_the_batched_dots(g, t):
+    """transformer._attend_one (the bf16 sampler's attention as multiply-and-reduce, the group axis dropped
+    when g = 1) against the float32 sampler's einsums, with the completion cache filled up to t."""
+    b, n, k, p, tc, d = 2, 3, 2, 5, 16, 8
+    ks = jax.random.split(jax.random.key(g * 100 + t), 5)
+    q = jax.random.normal(ks[0], (b, n, k, g, d))
+    pk, pv = jax.random.normal(ks[1], (b, k, p, d)), jax.random.normal(ks[2], (b, k, p, d))
+    ck, cv = jax.random.normal(ks[3], (b, n, k, tc, d)), jax.random.normal(ks[4], (b, n, k, tc, d))
+    pmask = jnp.asarray([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], bool)[:, None, None, None, None, :]
+    cmask = (jnp.arange(tc) <= t)[None, None, None, None, None, :]
+    got = tfm._attend_one(q, pk, pv, ck, cv, pmask, cmask, 0.3)
+    q6 = q[:, :, None]  # the float32 path's layout [B,G,1,K,g,Dh]
+    s1 = jnp.einsum("bhtkgd,bksd->bhkgts", q6, pk) * 0.3
+    s2 = jnp.einsum("bhtkgd,bhksd->bhkgts", q6, ck) * 0.3
+    w1, w2 = tfm._softmax_attend([s1, s2], [pmask, cmask])
+    want = jnp.einsum("bhkgts,bksd->bhtkgd", w1, pv) + jnp.einsum("bhkgts,bhksd->bhtkgd", w2, cv)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, :, 0]), atol=1e-5)
