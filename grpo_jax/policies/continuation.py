@@ -178,6 +178,6 @@ def make_continuer(
         return decode(params, model, rc, logits, key, sp, **kw)
 
     return Continuer(
-        with_rollout_weights(extend_decode, cfg, weights_dtype)[0],
-        with_rollout_weights(from_tokens, cfg, weights_dtype)[0],
+        with_rollout_weights(extend_decode, cfg, weights_dtype),
+        with_rollout_weights(from_tokens, cfg, weights_dtype),
     )

@@ -133,9 +133,7 @@ def _chunked_bwd(vocab_major, res, cts):
         dz = delta / temp  # ∂L/∂logits [c, V]
         # [c, D]; below float32 δ enters the product in the compute dtype (XLA:CPU would run a float32 x bf16
         # product at the float32 rate), as every other backward product of mixed precision
-        dh = _dot(dz if w.dtype == f32 else dz.astype(w.dtype), w, 1, 0 if vocab_major else 1).astype(
-            hc.dtype
-        )
+        dh = _dot(dz.astype(w.dtype), w, 1, 0 if vocab_major else 1).astype(hc.dtype)
         return (_accumulate_head_grad(dw, dz, hc, vocab_major), dtemp), dh
 
     init = (jnp.zeros(w.shape, f32), jnp.zeros((), f32))

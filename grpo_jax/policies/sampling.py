@@ -441,27 +441,28 @@ def rollout_weights(params, cfg: tfm.TransformerConfig, dtype: str = "float32"):
     if model is cfg:
         return params, cfg
     dt = jnp.dtype(dtype)
-    out = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
-    if cfg.tie_embeddings:
-        out = {**out, "lm_head": params["embed"].T.astype(dt)}
     # the embedding table stays as it is: a lookup reads a few rows (cast after the gather), and XLA:CPU
     # gathers from a bf16 table by converting all of it to float32 first
-    return {**out, "embed": params["embed"]}, model
+    rest = {k: v for k, v in params.items() if k != "embed"}
+    out = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a, rest)
+    out["embed"] = params["embed"]
+    if cfg.tie_embeddings:
+        out["lm_head"] = params["embed"].T.astype(dt)
+    return out, model
 
 
 def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
-    """(fn', cfg'): fn(params, *args) of a sampler jitted for cfg' (= rollout_weights' config), and fn'
-    that takes the POLICY's params: cast by a separate jitted call (once per call of fn'), then fn."""
-    model = rollout_config(cfg, dtype)
-    if model is cfg:
-        return jax.jit(fn), cfg
-    cast = jax.jit(lambda params: rollout_weights(params, cfg, dtype)[0])
+    """fn(params, *args), a sampler written for rollout_config(cfg, dtype), jitted and taking the POLICY's
+    params: below float32 they are cast by a separate jitted call (once per call), then passed to fn."""
     jitted = jax.jit(fn)
+    if rollout_config(cfg, dtype) is cfg:
+        return jitted
+    cast = jax.jit(lambda params: rollout_weights(params, cfg, dtype)[0])
 
     def call(params, *args):
         return jitted(cast(params), *args)
 
-    return call, model
+    return call
 
 
 @functools.lru_cache(maxsize=64)
@@ -495,4 +496,4 @@ def make_sampler(
             with_cache=with_cache,
         )
 
-    return with_rollout_weights(fn, cfg, weights_dtype)[0]
+    return with_rollout_weights(fn, cfg, weights_dtype)
