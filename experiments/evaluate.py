@@ -27,12 +27,13 @@ docs/DATA_FORMATS.md (grpo_jax.codegen.formats.load), codeio (its held-out split
 greedy completion and --num_samples at --temperature (--top_k, --top_p), up to --max_new_tokens each, --batch
 prompts per sampler call; prompts rendered as the main job renders them for that policy (the run's prompt
 format; chat templates for pretrained models), batches bucketed by prompt length (heldout: the run's fixed
-prompt length). Every setting not given is the run's own (--checkpoint) or the main job's default
-(--init_from; 512 new tokens): `--checkpoint=W --problems=heldout` samples with the run's evaluation key at
-its step and reproduces the main job's held-out figures exactly; --seed=S samples with a key of S instead (and
-seeds the intervals). The sampler, the grading and pass@k are the main job's (train.loop.eval_sampler,
-codegen.pipeline.evaluate). A progress line with an ETA goes to stderr (sampling per batch, grading per
-chunk).
+prompt length), a batch of long prompts holding fewer rows (at most --batch x the run's prompt length
+positions, as in the main job: codegen.pipeline.plan_batches). Every setting not given is the run's own
+(--checkpoint) or the main job's default (--init_from; 512 new tokens): `--checkpoint=W --problems=heldout`
+samples with the run's evaluation key at its step and reproduces the main job's held-out figures exactly;
+--seed=S samples with a key of S instead (and seeds the intervals). The sampler, the grading and pass@k are
+the main job's (train.samplers.eval_sampler, codegen.pipeline.evaluate). A progress line with an ETA goes to
+stderr (sampling per batch, grading per chunk).
 
 --max_turns=N (default: the run's own, 1 for --init_from) evaluates with execution feedback: after a failed
 turn the policy sees what its program did on the task's visible tests (the main job's multi-turn loop,
@@ -140,7 +141,9 @@ flags.DEFINE_integer(
     None,
     "tokens per completion (default: the run's --max_new_tokens; 512 with --init_from)",
 )
-flags.DEFINE_integer("batch", None, "prompts per sampler call (default: the run's --eval_batch; 16)")
+flags.DEFINE_integer(
+    "batch", None, "prompts per sampler call, fewer for long prompts (default: the run's --eval_batch; 16)"
+)
 flags.DEFINE_integer(
     "max_turns",
     None,
@@ -536,8 +539,8 @@ class Progress:
     """Progress lines with elapsed time and an ETA (on stderr): per sampler batch and per graded chunk.
     Also sums the seconds spent sampling and grading."""
 
-    def __init__(self, n_problems: int, batch: int, write=None):
-        self.batches = -(-n_problems // batch)
+    def __init__(self, n_batches: int, write=None):
+        self.batches = n_batches  # the sampler calls per pass (pipeline.plan_batches)
         self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
         self.what = "greedy"
         self.phase: tuple | None = None
@@ -777,8 +780,8 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
     else:
         seed = 0 if o.seed is None else o.seed
         key, key_from = rng_lib.derive(rng_lib.streams(seed)["eval"], "evaluate", name), f"seed {seed}"
-    # the main job's evaluation sampler (loop.eval_sampler reads run.cfg.rollout, run.model, run.tok, run.ctx
-    # and keeps its compiled samplers in run.eval_samplers)
+    # the main job's evaluation sampler (train.samplers.eval_sampler, through loop: it reads run.cfg.rollout,
+    # run.model, run.tok, run.ctx and keeps its compiled samplers in run.eval_samplers)
     view = types.SimpleNamespace(
         cfg=types.SimpleNamespace(rollout=ro),
         model=pol["model"],
@@ -786,9 +789,12 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         ctx=pol["ctx"],
         eval_samplers={},
     )
-    progress = Progress(len(problems), batch, progress_write)
-    sample_fn = progress.sampler(loop.eval_sampler(view, pol["params"], key))
     prompt_len = pol["prompt_len"] if o.problems == "heldout" else None  # else batches bucketed by length
+    # a batch of long prompts holds no more prompt positions than a held-out batch (as in the main job)
+    max_batch_tokens = batch * pol["prompt_len"]
+    plan = pipeline.plan_batches(pol["tok"], problems, prompt_len, batch, pol["fmt"], max_batch_tokens)
+    progress = Progress(len(plan), progress_write)
+    sample_fn = progress.sampler(loop.eval_sampler(view, pol["params"], key))
     log(
         f"evaluating {len(problems)} tasks of {o.problems}: greedy + {n} samples/task at temperature "
         f"{ro.temperature} (top_k {ro.top_k}, top_p {ro.top_p}), {ro.max_new_tokens} new tokens, "
@@ -823,6 +829,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         fmt=pol["fmt"],
         details=details,
         turns=turns,
+        max_batch_tokens=max_batch_tokens,
     )
     seconds.update(progress.seconds)
 

@@ -1393,7 +1393,7 @@ class RolloutConfig:
         "rollout and decoding reads half the bytes (1.7x the SmolLM2 generation rate on CPU); the behaviour "
         "policy then differs from the trained policy by bf16 rounding, as an inference engine's rollouts do: "
         "logp_mismatch measures it and --tis_cap corrects for it. Evaluation samples the policy as it is "
-        "(--compute_dtype), never in the rollout dtype.",
+        "(--compute_dtype: a bfloat16 policy from its bf16 weight copy), never in the rollout dtype.",
         choices=ROLLOUT_DTYPES,
     )
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: refill groups whose rewards are all equal.")

@@ -9,9 +9,10 @@ import mainjob
 import numpy as np
 import pytest
 
-from grpo_jax.train import loop
+from grpo_jax.train import compile_cache, loop
 from grpo_jax.train.export import params_digest
 from grpo_jax.train.logging import Progress
+from grpo_jax.train.samplers import release_eval_samplers
 
 FLAGS = (mainjob.TINY, "--steps=2", "--checkpoint_every=0", "--eval_samples=0", "--eval_ks=")
 
@@ -22,7 +23,7 @@ def ex():
         yield e
 
 
-def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex):
+def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monkeypatch):
     wd = tmp_path / "run"
     cfg, notes = mainjob.config(*FLAGS, workdir=wd)
     lines: list[str] = []
@@ -49,6 +50,14 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex):
         ev = loop.evaluate(run, state, 1, "phase test")
         assert 0.0 <= ev["pass@1"] <= 1.0 and ev["seconds"] > 0
         assert any("[eval phase test]" in x for x in lines)
+        # the evaluation's compiled samplers: kept without a persistent compilation cache, dropped (freed)
+        # when the cache can give them back (samplers.release_eval_samplers)
+        monkeypatch.setattr(compile_cache, "directory", lambda: None)
+        loop.evaluate(run, state, 1, "phase test")
+        assert [fn._cache_size() for fn in run.eval_samplers.values()] == [1]  # one held-out shape
+        monkeypatch.setattr(compile_cache, "directory", lambda: str(tmp_path))
+        release_eval_samplers(run)
+        assert [fn._cache_size() for fn in run.eval_samplers.values()] == [0]
 
         results = loop.finish(run, state, 1)
         final = params_digest(jax.device_get(state.train.params))

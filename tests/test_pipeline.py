@@ -186,8 +186,9 @@ def test_decode_stops_at_any_eos_id():
 
 def test_length_bucketed_batches_keep_to_a_prompt_token_budget():
     """prompt_len None: prompts in order of length, each batch padded to its own length (a multiple of
-    BUCKET = 64); with max_batch_tokens a batch padded to L holds at most max(1, budget // L) rows, one static
-    shape per length. Without it: groups of `batch`, as before."""
+    BUCKET = 64); with max_batch_tokens T a batch padded to L holds at most max(1, min(T // L,
+    T^2 // (batch L^2))) rows (the prefill's attention grows with L^2), one static shape per length. Without
+    it: groups of `batch`, as before."""
     import dataclasses
 
     lengths = [300, 10, 140, 70, 20, 150, 80, 130]
@@ -210,7 +211,11 @@ def test_length_bucketed_batches_keep_to_a_prompt_token_budget():
 
     assert pipeline.BUCKET == 64
     got, rows = run(256)
-    assert got == [(4, 64), (2, 128), (1, 192), (1, 192), (1, 192), (1, 320)]
-    assert rows == [[10, 20, 20, 20], [70, 80], [130], [140], [150], [300]]  # the last prompt repeated
+    # L = 128: 256 // 128 = 2 rows by positions, 256^2 // (4 * 128^2) = 1 by attention
+    assert got == [(4, 64), (1, 128), (1, 128), (1, 192), (1, 192), (1, 192), (1, 320)]
+    assert rows == [[10, 20, 20, 20], [70], [80], [130], [140], [150], [300]]
+    got, rows = run(512)  # L = 128: min(4, 512 // 128, 512^2 // (4 * 128^2)) = 4 rows; L = 192: min(2, 1)
+    assert got == [(4, 128), (1, 192), (1, 192), (1, 192), (1, 320)]
+    assert rows == [[10, 20, 70, 80], [130], [140], [150], [300]]
     got, _ = run(None)
     assert got == [(4, 128), (4, 320)]

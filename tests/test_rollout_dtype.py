@@ -60,6 +60,24 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
         np.asarray(got["lm_head"], np.float32), np.asarray(params["embed"].T.astype(jnp.bfloat16), np.float32)
     )
     assert set(got) == set(params) | {"lm_head"}
+    # the layers come split (a list of per-layer casts: the sampler reads them in place), each the cast of
+    # its slice of the stacked float32 weights
+    assert isinstance(got["layers"], list) and len(got["layers"]) == CFG.n_layers
+    for i, lp in enumerate(got["layers"]):
+        want = jax.tree.map(lambda a, i=i: a[i].astype(jnp.bfloat16), params["layers"])
+        assert jax.tree.structure(lp) == jax.tree.structure(want)
+        for w, x in zip(jax.tree.leaves(lp), jax.tree.leaves(want), strict=True):
+            assert w.dtype == jnp.bfloat16
+            np.testing.assert_array_equal(np.asarray(w, np.float32), np.asarray(x, np.float32))
+    # the prefill over split weights is the prefill over the same weights stacked (the scan path)
+    stacked = {**got, "layers": jax.tree.map(lambda *a: jnp.stack(a), *got["layers"])}
+    prompt, pmask = _inputs()
+    for a, b in zip(
+        jax.tree.leaves(tfm.prefill(got, cfg, prompt, pmask, G, T)),
+        jax.tree.leaves(tfm.prefill(stacked, cfg, prompt, pmask, G, T, layers=got["layers"])),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     untied = dataclasses.replace(CFG, tie_embeddings=False)
     p2 = tfm.init_params(untied, jax.random.key(0))
     got2, _ = sampling.rollout_weights(p2, untied, "bfloat16")
@@ -116,3 +134,26 @@ def test_one_token_attention_equals_the_batched_dots(g, t):
     w1, w2 = tfm._softmax_attend([s1, s2], [pmask, cmask])
     want = jnp.einsum("bhkgts,bksd->bhtkgd", w1, pv) + jnp.einsum("bhkgts,bhksd->bhtkgd", w2, cv)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, :, 0]), atol=1e-5)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 4], ids=["gqa", "mha"])
+def test_a_bfloat16_policy_samples_the_same_from_its_bf16_copy(kv_heads):
+    """Evaluation of a --compute_dtype=bfloat16 policy samples from the bf16 weight copy
+    (policy_weights_dtype): the same tokens and log-probs as the float32 weights computing in bf16."""
+    assert [
+        sampling.policy_weights_dtype(dataclasses.replace(CFG, compute_dtype=d))
+        for d in ("float32", "bfloat16", "float16")
+    ] == ["float32", "bfloat16", "float32"]
+    cfg = dataclasses.replace(CFG, n_kv_heads=kv_heads, compute_dtype="bfloat16")
+    params = tfm.init_params(cfg, jax.random.key(0))
+    prompt, pmask = _inputs()
+    for temperature in (0.0, 1.0):
+        outs = [
+            sampling.make_sampler(cfg, group=G, max_new=T, eos_id=1, pad_id=0, weights_dtype=wd)(
+                params, prompt, pmask, jax.random.key(3), sampling.sampling_params(temperature)
+            )
+            for wd in ("float32", sampling.policy_weights_dtype(cfg))
+        ]
+        assert int(outs[0].mask.sum()) > 2 * G
+        for a, b in zip(outs[0], outs[1], strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -174,6 +174,48 @@ def score_completions(
     return verdicts, r
 
 
+def plan_batches(
+    tok,
+    problems: Sequence[Problem],
+    prompt_len: int | None,
+    batch: int,
+    fmt: PromptFormat,
+    max_batch_tokens: int | None = None,
+) -> list[tuple[list[int], int, int]]:
+    """The sampler batches of an evaluation: (problem indices, prompt length, rows) each, rows >= indices
+    (the last batch of a shape is padded by repeating a problem, so the sampler sees one static shape).
+
+    prompt_len given: groups of `batch` in order, every prompt padded to prompt_len. prompt_len None: problems
+    are batched in order of prompt length and each batch is padded to its own length (a multiple of BUCKET),
+    so one long prompt pads no other batch; with max_batch_tokens = T, a batch of prompts padded to length L
+    holds at most max(1, min(T // L, T^2 // (batch L^2))) of them (fewer than `batch` for long prompts: the
+    sampler's caches and activations grow with rows x L, the prefill's attention scores with rows x L^2; a
+    batch of `batch` prompts of length T / batch meets both bounds)."""
+    order = list(range(len(problems)))
+    if prompt_len is not None:
+        return [(order[i : i + batch], prompt_len, batch) for i in range(0, len(order), batch)]
+    lengths = [len(tok.encode(render_prompt(tok, p, fmt))) for p in problems]
+    order.sort(key=lambda i: lengths[i])
+
+    def bucket(n_tokens: int) -> int:
+        return -(-n_tokens // BUCKET) * BUCKET
+
+    def rows_for(plen: int) -> int:  # the batch's rows (one static shape per prompt length)
+        t = max_batch_tokens
+        return batch if not t else max(1, min(batch, t // plen, t * t // (batch * plen * plen)))
+
+    plan, start = [], 0
+    while start < len(order):  # prompts in order of length: the last one taken sets the batch's length
+        end = start + 1
+        while end < len(order) and end - start < rows_for(bucket(lengths[order[end]])):
+            end += 1
+        ids = order[start:end]
+        plen = bucket(max(lengths[i] for i in ids))
+        plan.append((ids, plen, rows_for(plen)))
+        start = end
+    return plan
+
+
 def _batched_samples(
     sample_fn: SampleFn,
     tok,
@@ -187,36 +229,10 @@ def _batched_samples(
     max_batch_tokens: int | None = None,
 ) -> tuple[list[str], np.ndarray | None]:
     """Problem-major completion texts (n per problem) and, with `turns`, the turn at which each sample passed
-    [len(problems) * n]; the last batch is padded by repeating a problem so the sampler sees one static shape.
-    prompt_len None: problems are batched in order of prompt length and each batch is padded to its own length
-    (a multiple of BUCKET), so one long prompt pads no other batch; with max_batch_tokens, a batch of prompts
-    padded to length L holds at most max(1, max_batch_tokens // L) of them (fewer than `batch` for long
-    prompts: the sampler's memory grows with rows x length)."""
-    order = list(range(len(problems)))
-    if prompt_len is None:
-        lengths = [len(tok.encode(render_prompt(tok, p, fmt))) for p in problems]
-        order.sort(key=lambda i: lengths[i])
+    [len(problems) * n], sampled in the batches of `plan_batches`."""
     texts: list[str] = [""] * (len(problems) * n)
     passed_turn = None if turns is None else np.zeros(len(problems) * n, np.int64)
-
-    def bucket(n_tokens: int) -> int:
-        return -(-n_tokens // BUCKET) * BUCKET
-
-    def rows_for(plen: int) -> int:  # the batch's rows (one static shape per prompt length)
-        return batch if not max_batch_tokens else max(1, min(batch, max_batch_tokens // plen))
-
-    start = 0
-    while start < len(order):
-        if prompt_len is None:  # prompts in order of length: the last one taken sets the batch's length
-            end = start + 1
-            while end < len(order) and end - start < rows_for(bucket(lengths[order[end]])):
-                end += 1
-            ids = order[start:end]
-            plen = bucket(max(lengths[i] for i in ids))
-            rows = rows_for(plen)
-        else:
-            ids, plen, rows = order[start : start + batch], prompt_len, batch
-        start += len(ids)
+    for ids, plen, rows in plan_batches(tok, problems, prompt_len, batch, fmt, max_batch_tokens):
         chunk = [problems[i] for i in ids]
         real = len(chunk)
         chunk += [chunk[-1]] * (rows - real)

@@ -429,31 +429,43 @@ def rollout_weights(params, cfg: tfm.TransformerConfig, dtype: str = "float32"):
     "float32": the policy's own (params, cfg), untouched (the sampler's numerics are the trainer's). Below
     float32: every floating leaf but the embedding table cast to `dtype` and the config computing in it
     (param_dtype = compute_dtype = dtype; embedded rows are cast after the lookup, because XLA:CPU gathers
-    from a bf16 table by converting all of it); a tied LM head becomes an untied `lm_head` [D, V] copy of
-    embed.T, because XLA:CPU reads a bf16 [V, D] matrix through a transposed dot ~10x slower than the [D, V]
-    one (WORKSPACE.md §6, "Mixed precision and bf16 rollouts"). Logits, log-softmax, the token draw, the KV
-    cache and the attention stay float32 (transformer.KVCache). A decode step of a weight-read-bound model
-    reads half the bytes; the behaviour policy then differs from π_θ by bf16 rounding (`logp_mismatch`
-    measures it, `--tis_cap` corrects for it, as for an inference engine's rollouts). The samplers cast in a
-    jitted call of their own (`with_rollout_weights`), before the sampling call: inside one jit XLA:CPU kept
-    float32 copies of the cast weights for some of their uses."""
+    from a bf16 table by converting all of it); the layers come as a list of per-layer casts
+    (tfm.split_layers), so the sampler reads them in place instead of slicing a stacked copy; a tied LM head
+    becomes an untied `lm_head` [D, V] copy of embed.T, because XLA:CPU reads a bf16 [V, D] matrix through a
+    transposed dot ~10x slower than the [D, V] one (WORKSPACE.md §6, "Mixed precision and bf16 rollouts").
+    Logits, log-softmax, the token draw, the completion KV cache and the attention stay float32
+    (transformer.KVCache; the prompt cache holds the bf16 k and v as they are). A decode step of a
+    weight-read-bound model reads half the bytes; the behaviour policy then differs from π_θ by bf16 rounding
+    (`logp_mismatch` measures it, `--tis_cap` corrects for it, as for an inference engine's rollouts). The
+    samplers cast in a jitted call of their own (`with_rollout_weights`), before the sampling call: inside
+    one jit XLA:CPU kept float32 copies of the cast weights for some of their uses."""
     model = rollout_config(cfg, dtype)
     if model is cfg:
         return params, cfg
     dt = jnp.dtype(dtype)
     # the embedding table stays as it is: a lookup reads a few rows (cast after the gather), and XLA:CPU
     # gathers from a bf16 table by converting all of it to float32 first
-    rest = {k: v for k, v in params.items() if k != "embed"}
-    out = jax.tree.map(lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a, rest)
+    cast = lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
+    out = {k: jax.tree.map(cast, v) for k, v in params.items() if k not in ("embed", "layers")}
     out["embed"] = params["embed"]
+    # the layers as a list of per-layer casts (tfm.split_layers): the sampler reads each one in place
+    out["layers"] = [jax.tree.map(cast, lp) for lp in tfm.split_layers(params)]
     if cfg.tie_embeddings:
         out["lm_head"] = params["embed"].T.astype(dt)
     return out, model
 
 
+def policy_weights_dtype(cfg: tfm.TransformerConfig) -> str:
+    """The sampler weights dtype that computes as the policy does: its compute dtype when that is one of
+    ROLLOUT_DTYPES (a bfloat16 policy casts every weight to bf16 in each matmul anyway, so sampling from the
+    bf16 copy is the same policy, read in place and at half the bytes), else float32. Evaluation uses it."""
+    return cfg.compute_dtype if cfg.compute_dtype in ROLLOUT_DTYPES else "float32"
+
+
 def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
     """fn(params, *args), a sampler written for rollout_config(cfg, dtype), jitted and taking the POLICY's
-    params: below float32 they are cast by a separate jitted call (once per call), then passed to fn."""
+    params: below float32 they are cast by a separate jitted call (once per call), then passed to fn. Its
+    `clear_cache()` drops the compiled executables, as a jitted function's does."""
     jitted = jax.jit(fn)
     if rollout_config(cfg, dtype) is cfg:
         return jitted
@@ -462,6 +474,11 @@ def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
     def call(params, *args):
         return jitted(cast(params), *args)
 
+    def clear_cache():  # as a jitted function's: drop the compiled executables
+        jitted.clear_cache()
+        cast.clear_cache()
+
+    call.clear_cache = clear_cache
     return call
 
 

@@ -591,10 +591,12 @@ class KVCache(NamedTuple):
     (one buffer per layer, so each decode step updates them in place); prompt_mask [B, P]; prompt_len [B].
     Heads come before positions so that the attention dots read the caches in place: with positions first,
     XLA:CPU transposed every layer's whole completion cache on every decode step (measured: ~20% of the
-    tiny model's decode time). The cache is float32 with any compute dtype (a bf16 sampler's attention then
-    runs in float32): XLA:CPU writes a token into a bf16 buffer by converting the whole buffer, and
-    multiplies bf16 attention operands by converting them to float32 on every decode step (measured: a
-    bf16 cache made the SmolLM2 decode step slower than a float32 one)."""
+    tiny model's decode time). The completion cache is float32 with any compute dtype (a bf16 sampler's
+    attention runs in float32): XLA:CPU writes a token into a bf16 buffer by converting the whole buffer
+    (measured: a bf16 completion cache made the SmolLM2 decode step slower). The prompt cache, written once,
+    is in the compute dtype: k and v are computed in it, so it holds the same values in half the bytes below
+    float32 (the one-token attention reads it into its float32 multiply-and-reduce; the same sampled tokens
+    and log-probs, half its memory and reads)."""
 
     prompt_k: jax.Array
     prompt_v: jax.Array
@@ -605,7 +607,13 @@ class KVCache(NamedTuple):
 
 
 def split_layers(params: Params) -> list[dict]:
-    """The stacked layer parameters as a list of per-layer pytrees (for the unrolled decode loop)."""
+    """The stacked layer parameters as a list of per-layer pytrees (for the unrolled decode loop); params
+    whose "layers" is already such a list (a sampler's cast weights, sampling.rollout_weights) give it as is.
+
+    Inside a jitted sampler XLA:CPU materialises each slice of a stacked argument once (the decode loop reads
+    them in place); weights produced per layer by a separate call skip that copy."""
+    if isinstance(params["layers"], (list, tuple)):
+        return list(params["layers"])
     n = jax.tree.leaves(params["layers"])[0].shape[0]
     return [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(n)]
 
@@ -641,6 +649,8 @@ def prefill(
         x = _mlp(cfg, lp, _out_proj(cfg, lp, x, o, dtype), dtype)
         return x, (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))  # [B,K,P,Dh]
 
+    if layers is None and isinstance(params["layers"], (list, tuple)):
+        layers = params["layers"]  # weights given per layer (split_layers)
     if layers is None:
         x, (ks, vs) = jax.lax.scan(layer, x, params["layers"])  # ks [L,B,K,P,Dh]
     else:
@@ -651,10 +661,10 @@ def prefill(
         ks, vs = (jnp.stack([a[i] for a in kv]) for i in (0, 1))
     logits, _ = _head(cfg, params, x[:, -1])
     shape = (b, group, cfg.n_kv_heads, max_new, cfg.dim_head)
-    f32 = jnp.float32  # the cache is float32 whatever the compute dtype (KVCache)
+    f32 = jnp.float32  # the completion cache is float32 whatever the compute dtype (KVCache)
     cache = KVCache(
-        prompt_k=ks.astype(f32),
-        prompt_v=vs.astype(f32),
+        prompt_k=ks.astype(dtype),  # k, v are computed in `dtype`: storing them so loses nothing
+        prompt_v=vs.astype(dtype),
         comp_k=tuple(jnp.zeros(shape, f32) for _ in range(cfg.n_layers)),
         comp_v=tuple(jnp.zeros(shape, f32) for _ in range(cfg.n_layers)),
         prompt_mask=pmask,

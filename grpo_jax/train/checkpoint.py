@@ -171,6 +171,22 @@ class _Unreadable(Exception):
     """A step without checksums that orbax could not read (treated as corrupt)."""
 
 
+class _StateHandler(ocp.StandardCheckpointHandler):
+    """orbax's StandardCheckpointHandler (the same save, restore and metadata) writing the arrays without
+    zstd compression: compressing float weights and moments saves little, and TensorStore's compression
+    buffers raised a save's peak RSS by ~0.8x the state's bytes (a SmolLM2 full fine-tuning state of 1.6 GB:
+    +1.3 GB; uncompressed +0.01 GB). The price is disk: a SmolLM2 step is 1.58 GB instead of 1.46 GB (step
+    0, whose AdamW moments are zeros, instead of 0.33 GB). Restore reads either kind of step."""
+
+    def __init__(self):
+        super().__init__()
+        # the handler StandardCheckpointHandler builds itself, with use_compression=False (not a parameter of
+        # StandardCheckpointHandler in orbax-checkpoint 0.12.8)
+        self._impl = ocp.PyTreeCheckpointHandler(
+            save_concurrent_gb=96, restore_concurrent_gb=96, use_ocdbt=True, use_compression=False
+        )
+
+
 class Checkpointer:
     """Saves / restores (TrainState, host JSON dict) at integer steps under one directory.
 
@@ -192,7 +208,7 @@ class Checkpointer:
         self.keep = keep
         self.save_every = save_every
         registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-        state_handler = ocp.StandardCheckpointHandler()
+        state_handler = _StateHandler()
         host_handler = ocp.JsonCheckpointHandler()
         registry.add(STATE_ITEM, ocp.args.StandardSave, state_handler)
         registry.add(STATE_ITEM, ocp.args.StandardRestore, state_handler)

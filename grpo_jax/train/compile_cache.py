@@ -46,11 +46,13 @@ def enable(setting: str = "", min_compile_s: float = MIN_COMPILE_S) -> str | Non
     off (asked for, or the directory is unusable: one warning line on stderr, and the run goes on)."""
     if setting.strip().lower() == "none":
         jax.config.update("jax_enable_compilation_cache", False)
+        _STATE["path"] = None
         return None
     path = os.path.abspath(os.path.expanduser(setting or default_dir()))
     problem = unusable(path)
     if problem:
         jax.config.update("jax_enable_compilation_cache", False)
+        _STATE["path"] = None
         _warn(
             f"compilation cache directory {path}: {problem}; running without the cache (everything is "
             "compiled); give a writable directory with --compilation_cache=DIR, or none"
@@ -63,6 +65,11 @@ def enable(setting: str = "", min_compile_s: float = MIN_COMPILE_S) -> str | Non
     _STATE["path"] = path
     _one_line_entry_errors()
     return path
+
+
+def directory() -> str | None:
+    """The directory `enable` turned the cache on in; None when it is off (or was never enabled here)."""
+    return _STATE["path"] if jax.config.jax_enable_compilation_cache else None
 
 
 def unusable(path: str) -> str | None:

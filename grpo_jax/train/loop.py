@@ -26,16 +26,14 @@ import time
 from collections.abc import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.config import OptimConfig, RunConfig
-from grpo_jax.policies import lora, sampling
+from grpo_jax.policies import lora
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.sandbox.executor import Executor
-from grpo_jax.tokenization import stop_ids
 from grpo_jax.train import multiturn, sft
 from grpo_jax.train.build import Run, RunConfigError, build, placed_state
 from grpo_jax.train.checkpoint import SignalFlag
@@ -50,6 +48,7 @@ from grpo_jax.train.logging import (
     write_json_atomic,
 )
 from grpo_jax.train.resume import check_sft_source, restore, save, sft_params_from
+from grpo_jax.train.samplers import eval_sampler, release_eval_samplers
 from grpo_jax.train.state import RunState, make_optimizer
 
 __all__ = ["RunConfigError", "evaluate", "finish", "rl_step", "run", "setup", "sft_warm_start", "train"]
@@ -104,6 +103,7 @@ def warm_start(run: Run) -> RunState:
         if cfg.sft.steps:
             params = sft_warm_start(run, params, streams["sft"])
     state = placed_state(run, params)
+    del params  # the state holds its own copy: the loaded weights are not kept through the first evaluation
     run.rollout.bind(state.frozen)
     if cfg.lora.enabled:
         n_ad, n_all = lora.num_params(state.train.params), lora.num_params(state.frozen)
@@ -230,31 +230,12 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
             fn, run.executor, run.tok, problems, n_samples=0, ks=(), prompt_len=None, **common
         )
         res[f"{name}/pass@1"] = more["pass@1"]
+    release_eval_samplers(run)
     res["seconds"] = time.perf_counter() - t
     shown = [k for k in res if k.startswith(("pass@", "level")) or "/pass@" in k]
     run.print(f"[eval {tag}] " + "  ".join(f"{k} {res[k]:.3f}" for k in shown))
     run.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in res.items()})  # TB mangles "@"
     return res
-
-
-def eval_sampler(run: Run, params, key):
-    """sample_fn(prompt, pmask, n, greedy) of grpo_jax.codegen.pipeline.evaluate: call i uses key (key, i)."""
-    ro = run.cfg.rollout
-    sp_sampled = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
-    sp_greedy = sampling.sampling_params(0.0)
-    calls = [0]
-
-    def fn(prompt, pmask, n, greedy):
-        calls[0] += 1
-        if n not in run.eval_samplers:  # one compiled sampler per group size for the whole run
-            kw = dict(max_new=ro.max_new_tokens, eos_id=stop_ids(run.tok), pad_id=run.tok.pad_id)
-            run.eval_samplers[n] = sampling.make_sampler(run.model, group=n, **kw)
-        sampler = run.eval_samplers[n]
-        k = rng_lib.derive(key, calls[0])
-        out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
-        return run.ctx.host((out.tokens, out.mask))
-
-    return fn
 
 
 def finish(run: Run, state: RunState, step: int) -> dict:
@@ -288,7 +269,7 @@ def finish(run: Run, state: RunState, step: int) -> dict:
         out = os.path.join(run.cfg.workdir, "hf")
         export(run, state, out, overwrite=True)  # the run's own export (an extended run replaces it)
         res["exported_hf"] = out
-    res["final_params_sha256"] = params_digest(run.ctx.host(state.train.params))
+    res["final_params_sha256"] = params_digest(state.train.params, fetch=run.ctx.host)
     res["steps"] = step
     res["wall_seconds_this_process"] = time.perf_counter() - run.t_start
     res["config"] = run.cfg.to_json()

@@ -45,6 +45,7 @@ from grpo_jax.tokenization import stop_ids
 from grpo_jax.train import sharding
 from grpo_jax.train.distributed import Context
 from grpo_jax.train.grader import Grader, Grades, num_tests
+from grpo_jax.train.logging import release_host_memory
 from grpo_jax.train.multiturn import MultiTurn, turn_metrics
 from grpo_jax.train.pool_host import PoolRuntime
 from grpo_jax.train.problem_source import GradedRound, ProblemSource
@@ -149,6 +150,7 @@ class CodegenRollout:
         return {n: rng_lib.derive(k, n) for n in names}
 
     def produce(self, state: RolloutState, params: Any, key: jax.Array, step: int):
+        release_host_memory()  # what the last train step or evaluation freed, back to the OS
         keys, m = self.step_keys(key, step), {}
         pool = state.pool
         if self.pool_rt is not None:
@@ -202,6 +204,7 @@ class CodegenRollout:
         if n_rep:
             out = splice_replayed(out, replayed, n_rep)
         tokens, mask = self.ctx.host((out.tokens, out.mask))  # tokens out (every process: all rows)
+        release_host_memory()  # the sampler's caches and weight copy, freed, back to the OS
         t1 = time.perf_counter()
         grades = self.grader.grade(probs, tokens, mask)
         replayed_rows = np.arange(self.B) >= self.B - n_rep

@@ -14,9 +14,14 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import jax
+import jax.numpy as jnp
 
+from grpo_jax import rng as rng_lib
 from grpo_jax.config import RolloutConfig
 from grpo_jax.policies import continuation, sampling
+from grpo_jax.tokenization import stop_ids
+from grpo_jax.train import compile_cache
+from grpo_jax.train.logging import release_host_memory
 from grpo_jax.types import SampleOutput
 
 
@@ -59,3 +64,42 @@ class KVCacheSampler:
     def continue_from_tokens(self, params: Any, ctx: jax.Array, ctx_mask: jax.Array, key: jax.Array):
         """The next reply after conversations given as left-padded token contexts [R, S] (encoded here)."""
         return self._continue.from_tokens(params, ctx, ctx_mask, key, self.params)
+
+
+def eval_sampler(run, params, key):
+    """sample_fn(prompt, pmask, n, greedy) of grpo_jax.codegen.pipeline.evaluate for the run's policy
+    `params` (train.loop.evaluate; experiments.evaluate): call i uses key (key, i); one compiled sampler per
+    group size for the whole run (run.eval_samplers); a bfloat16 policy samples from its bf16 weight copy
+    (sampling.policy_weights_dtype). After each call the freed host memory goes back to the OS
+    (logging.release_host_memory): every prompt-length bucket is a new sampler shape."""
+    ro = run.cfg.rollout
+    sp_sampled = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
+    sp_greedy = sampling.sampling_params(0.0)
+    calls = [0]
+
+    def fn(prompt, pmask, n, greedy):
+        calls[0] += 1
+        if n not in run.eval_samplers:
+            kw = dict(max_new=ro.max_new_tokens, eos_id=stop_ids(run.tok), pad_id=run.tok.pad_id)
+            wd = sampling.policy_weights_dtype(run.model)
+            run.eval_samplers[n] = sampling.make_sampler(run.model, group=n, weights_dtype=wd, **kw)
+        sampler = run.eval_samplers[n]
+        k = rng_lib.derive(key, calls[0])
+        out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
+        host = run.ctx.host((out.tokens, out.mask))
+        release_host_memory()
+        return host
+
+    return fn
+
+
+def release_eval_samplers(run) -> None:
+    """After an evaluation: drop its compiled samplers (one executable per prompt-length bucket, ~85 MB of
+    host memory each for SmolLM2 with 30 unrolled layers) when the persistent compilation cache is on, so
+    the next evaluation loads them back from it in seconds; without the cache they are kept (compiling one
+    takes ~30 s). The freed memory goes back to the OS."""
+    if compile_cache.directory() is None:
+        return
+    for fn in run.eval_samplers.values():
+        fn.clear_cache()
+    release_host_memory()
