@@ -91,7 +91,10 @@ def main(argv: list[str]) -> None:
     from grpo_jax.sandbox.types import Limits
     from grpo_jax.train import compile_cache, loop, samplers
 
-    cfg, notes = cli.resolve(["codegen", *argv])
+    try:
+        cfg, notes = cli.resolve(["codegen", *argv])
+    except cli.FlagError as e:  # one line, as the main job's
+        cli.fail(str(e))
     compile_cache.enable(cfg.runtime.compilation_cache)
     mark("imports")
 

@@ -38,3 +38,15 @@ def test_a_line_per_phase_with_its_peak_and_the_loop_restored(tmp_path, capsys):
     assert len(rows["evaluate"]) == 2 and len(rows["rollout"]) == 1 and len(rows["train step"]) == 1
     for rss, peak, arrays in (v for vs in rows.values() for v in vs):
         assert 0 < rss <= peak and arrays >= 0
+
+
+def test_a_bad_flag_is_one_line_and_exit_status_2(tmp_path, capsys):
+    import pytest
+
+    from experiments import memory_phases
+
+    with pytest.raises(SystemExit) as e:
+        memory_phases.main([mainjob.TINY, "--steps=-3", f"--workdir={tmp_path / 'run'}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["error: --steps=-3: must be >= 0"]
+    assert not (tmp_path / "run").exists()  # nothing written
