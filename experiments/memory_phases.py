@@ -27,11 +27,8 @@ T0 = time.perf_counter()
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (n, ctypes.c_size_t)
-        for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks")
-        + ("fordblks", "keepcost")
-    ]
+    _names = "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost"
+    _fields_ = [(n, ctypes.c_size_t) for n in _names.split()]
 
 
 def _status_gb(field: str) -> float:

@@ -4,6 +4,7 @@ it, live array bytes), observed through patched loop functions that are restored
 import re
 
 import mainjob
+import pytest
 
 from grpo_jax.train import loop
 
@@ -41,8 +42,6 @@ def test_a_line_per_phase_with_its_peak_and_the_loop_restored(tmp_path, capsys):
 
 
 def test_a_bad_flag_is_one_line_and_exit_status_2(tmp_path, capsys):
-    import pytest
-
     from experiments import memory_phases
 
     with pytest.raises(SystemExit) as e:
