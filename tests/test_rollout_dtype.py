@@ -61,10 +61,11 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
     )
     assert set(got) == set(params) | {"lm_head"}
     # the layers come split (a list of per-layer casts: the sampler reads them in place), each the cast of
-    # its slice of the stacked float32 weights
+    # its slice of the stacked float32 weights, q/k/v and gate/up concatenated (tfm.fuse_projections)
     assert isinstance(got["layers"], list) and len(got["layers"]) == CFG.n_layers
     for i, lp in enumerate(got["layers"]):
-        want = jax.tree.map(lambda a, i=i: a[i].astype(jnp.bfloat16), params["layers"])
+        assert {"qkv_proj", "gate_up_proj", "o_proj", "down_proj"} <= set(lp) and "q_proj" not in lp
+        want = tfm.fuse_projections(jax.tree.map(lambda a, i=i: a[i].astype(jnp.bfloat16), params["layers"]))
         assert jax.tree.structure(lp) == jax.tree.structure(want)
         for w, x in zip(jax.tree.leaves(lp), jax.tree.leaves(want), strict=True):
             assert w.dtype == jnp.bfloat16
@@ -84,6 +85,36 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
     assert set(got2) == set(p2) and got2["lm_head"].dtype == jnp.bfloat16 and got2["embed"] is p2["embed"]
     with pytest.raises(ValueError, match="rollout dtype 'float16': valid: float32, bfloat16"):
         sampling.rollout_weights(params, CFG, "float16")
+
+
+def test_fused_projections_sample_exactly_as_the_separate_ones():
+    """tfm.fuse_projections (the bf16 sampler's q/k/v and gate/up as one product each): the same tokens and
+    log-probs, bit for bit, as the separate projections; a projection group carrying LoRA adapters stays
+    separate (the fused path has no adapter term)."""
+    params = tfm.init_params(CFG, jax.random.key(0))
+    fused, cfg = sampling.rollout_weights(params, CFG, "bfloat16")
+    cast = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params["layers"])
+    separate = {**fused, "layers": tfm.split_layers({"layers": cast})}
+    w = fused["layers"][0]["qkv_proj"]["kernel"]
+    assert w.shape == (CFG.d_model, (CFG.n_heads + 2 * CFG.n_kv_heads) * CFG.dim_head)
+    np.testing.assert_array_equal(
+        np.asarray(w[:, : CFG.d_model], np.float32), np.asarray(cast["q_proj"]["kernel"][0], np.float32)
+    )
+    prompt, pmask = _inputs()
+    f = jax.jit(
+        lambda p, k: sampling.sample(
+            p, cfg, prompt, pmask, k, sampling.sampling_params(1.0), group=G, max_new=T, eos_id=-1, pad_id=0
+        )
+    )
+    a, b = f(fused, jax.random.key(3)), f(separate, jax.random.key(3))
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+    np.testing.assert_array_equal(np.asarray(a.logp), np.asarray(b.logp))
+    lp = {
+        **separate["layers"][0],
+        "k_proj": {**separate["layers"][0]["k_proj"], "lora_a": jnp.zeros((CFG.d_model, 2))},
+    }
+    kept = tfm.fuse_projections(lp)
+    assert "qkv_proj" not in kept and kept["k_proj"] is lp["k_proj"] and "gate_up_proj" in kept
 
 
 def _trainer_logp(params, cfg, prompt, pmask, out):
@@ -119,7 +150,8 @@ def test_bfloat16_sampler_log_probs_are_the_float32_trainers_to_bf16_rounding(te
 @pytest.mark.parametrize("t", [2, 11])
 def test_one_token_attention_equals_the_batched_dots(g, t):
     """transformer._attend_one (the bf16 sampler's attention as multiply-and-reduce, the group axis dropped
-    when g = 1) against the float32 sampler's einsums, with the completion cache filled up to t."""
+    when g = 1; its completion keys [B,G,K,Dh,T], transformer.keys_positions_last) against the float32
+    sampler's einsums, with the completion cache filled up to t."""
     b, n, k, p, tc, d = 2, 3, 2, 5, 16, 8
     ks = jax.random.split(jax.random.key(g * 100 + t), 5)
     q = jax.random.normal(ks[0], (b, n, k, g, d))
@@ -127,7 +159,7 @@ def test_one_token_attention_equals_the_batched_dots(g, t):
     ck, cv = jax.random.normal(ks[3], (b, n, k, tc, d)), jax.random.normal(ks[4], (b, n, k, tc, d))
     pmask = jnp.asarray([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], bool)[:, None, None, None, None, :]
     cmask = (jnp.arange(tc) <= t)[None, None, None, None, None, :]
-    got = tfm._attend_one(q, pk, pv, ck, cv, pmask, cmask, 0.3)
+    got = tfm._attend_one(q, pk, pv, jnp.swapaxes(ck, -1, -2), cv, pmask, cmask, 0.3)
     q6 = q[:, :, None]  # the float32 path's layout [B,G,1,K,g,Dh]
     s1 = jnp.einsum("bhtkgd,bksd->bhkgts", q6, pk) * 0.3
     s2 = jnp.einsum("bhtkgd,bhksd->bhkgts", q6, ck) * 0.3
