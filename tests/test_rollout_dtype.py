@@ -61,11 +61,10 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
     )
     assert set(got) == set(params) | {"lm_head"}
     # the layers come split (a list of per-layer casts: the sampler reads them in place), each the cast of
-    # its slice of the stacked float32 weights, q/k/v and gate/up concatenated (tfm.fuse_projections)
+    # its slice of the stacked float32 weights
     assert isinstance(got["layers"], list) and len(got["layers"]) == CFG.n_layers
     for i, lp in enumerate(got["layers"]):
-        assert {"qkv_proj", "gate_up_proj", "o_proj", "down_proj"} <= set(lp) and "q_proj" not in lp
-        want = tfm.fuse_projections(jax.tree.map(lambda a, i=i: a[i].astype(jnp.bfloat16), params["layers"]))
+        want = jax.tree.map(lambda a, i=i: a[i].astype(jnp.bfloat16), params["layers"])
         assert jax.tree.structure(lp) == jax.tree.structure(want)
         for w, x in zip(jax.tree.leaves(lp), jax.tree.leaves(want), strict=True):
             assert w.dtype == jnp.bfloat16
@@ -85,36 +84,6 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
     assert set(got2) == set(p2) and got2["lm_head"].dtype == jnp.bfloat16 and got2["embed"] is p2["embed"]
     with pytest.raises(ValueError, match="rollout dtype 'float16': valid: float32, bfloat16"):
         sampling.rollout_weights(params, CFG, "float16")
-
-
-def test_fused_projections_sample_exactly_as_the_separate_ones():
-    """tfm.fuse_projections (the bf16 sampler's q/k/v and gate/up as one product each): the same tokens and
-    log-probs, bit for bit, as the separate projections; a projection group carrying LoRA adapters stays
-    separate (the fused path has no adapter term)."""
-    params = tfm.init_params(CFG, jax.random.key(0))
-    fused, cfg = sampling.rollout_weights(params, CFG, "bfloat16")
-    cast = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params["layers"])
-    separate = {**fused, "layers": tfm.split_layers({"layers": cast})}
-    w = fused["layers"][0]["qkv_proj"]["kernel"]
-    assert w.shape == (CFG.d_model, (CFG.n_heads + 2 * CFG.n_kv_heads) * CFG.dim_head)
-    np.testing.assert_array_equal(
-        np.asarray(w[:, : CFG.d_model], np.float32), np.asarray(cast["q_proj"]["kernel"][0], np.float32)
-    )
-    prompt, pmask = _inputs()
-    f = jax.jit(
-        lambda p, k: sampling.sample(
-            p, cfg, prompt, pmask, k, sampling.sampling_params(1.0), group=G, max_new=T, eos_id=-1, pad_id=0
-        )
-    )
-    a, b = f(fused, jax.random.key(3)), f(separate, jax.random.key(3))
-    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
-    np.testing.assert_array_equal(np.asarray(a.logp), np.asarray(b.logp))
-    lp = {
-        **separate["layers"][0],
-        "k_proj": {**separate["layers"][0]["k_proj"], "lora_a": jnp.zeros((CFG.d_model, 2))},
-    }
-    kept = tfm.fuse_projections(lp)
-    assert "qkv_proj" not in kept and kept["k_proj"] is lp["k_proj"] and "gate_up_proj" in kept
 
 
 def _trainer_logp(params, cfg, prompt, pmask, out):

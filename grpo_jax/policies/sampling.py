@@ -439,8 +439,7 @@ def rollout_weights(params, cfg: tfm.TransformerConfig, dtype: str = "float32"):
     float32: every floating leaf but the embedding table cast to `dtype` and the config computing in it
     (param_dtype = compute_dtype = dtype; embedded rows are cast after the lookup, because XLA:CPU gathers
     from a bf16 table by converting all of it); the layers come as a list of per-layer casts
-    (tfm.split_layers), so the sampler reads them in place instead of slicing a stacked copy, with q/k/v and
-    gate/up each concatenated into one projection (tfm.fuse_projections); a tied LM head
+    (tfm.split_layers), so the sampler reads them in place instead of slicing a stacked copy; a tied LM head
     becomes an untied `lm_head` [D, V] copy of embed.T, because XLA:CPU reads a bf16 [V, D] matrix through a
     transposed dot ~10x slower than the [D, V] one (WORKSPACE.md §6, "Mixed precision and bf16 rollouts").
     Logits, log-softmax, the token draw, the completion KV cache and the attention stay float32
@@ -458,9 +457,8 @@ def rollout_weights(params, cfg: tfm.TransformerConfig, dtype: str = "float32"):
     cast = lambda a: a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
     out = {k: jax.tree.map(cast, v) for k, v in params.items() if k not in ("embed", "layers")}
     out["embed"] = params["embed"]
-    # the layers as a list of per-layer casts (tfm.split_layers): the sampler reads each one in place; q/k/v
-    # and gate/up each one wider product (tfm.fuse_projections)
-    out["layers"] = [tfm.fuse_projections(jax.tree.map(cast, lp)) for lp in tfm.split_layers(params)]
+    # the layers as a list of per-layer casts (tfm.split_layers): the sampler reads each one in place
+    out["layers"] = [jax.tree.map(cast, lp) for lp in tfm.split_layers(params)]
     if cfg.tie_embeddings:
         out["lm_head"] = params["embed"].T.astype(dt)
     return out, model

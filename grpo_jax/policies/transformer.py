@@ -387,14 +387,9 @@ def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, d
     With cfg.qk_norm (Qwen3, transformers Qwen3Attention): q and k are RMS-normalised over Dh per head
     (weights lp["q_norm"] / lp["k_norm"] [Dh], eps = rms_eps) after the head reshape and before RoPE."""
     lead = h.shape[:-1]
-    if "qkv_proj" in lp:  # a sampler's fused weights (fuse_projections): one product, split by columns
-        y, nq, nk = dense(h, lp["qkv_proj"], dtype), cfg.n_heads * cfg.dim_head, cfg.n_kv_heads * cfg.dim_head
-        q, k, v = y[..., :nq], y[..., nq : nq + nk], y[..., nq + nk :]
-    else:
-        q, k, v = (dense(h, lp[n], dtype) for n in ("q_proj", "k_proj", "v_proj"))
-    q = q.reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
-    k = k.reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
-    v = v.reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    q = dense(h, lp["q_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
+    k = dense(h, lp["k_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
+    v = dense(h, lp["v_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_eps)
@@ -406,10 +401,8 @@ def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, d
 
 def _mlp(cfg: TransformerConfig, lp: dict, x: jax.Array, dtype) -> jax.Array:
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-    if "gate_up_proj" in lp:  # a sampler's fused weights (fuse_projections)
-        g, u = jnp.split(dense(h, lp["gate_up_proj"], dtype), 2, axis=-1)
-    else:
-        g, u = dense(h, lp["gate_proj"], dtype), dense(h, lp["up_proj"], dtype)
+    g = dense(h, lp["gate_proj"], dtype)
+    u = dense(h, lp["up_proj"], dtype)
     return x + dense(jax.nn.silu(g) * u, lp["down_proj"], dtype)
 
 
@@ -628,27 +621,6 @@ def canonical_cache(cache: KVCache, cfg: TransformerConfig) -> KVCache:
     if not keys_positions_last(cfg):
         return cache
     return cache._replace(comp_k=tuple(jnp.swapaxes(k, -1, -2) for k in cache.comp_k))
-
-
-FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-
-
-def fuse_projections(lp: dict) -> dict:
-    """One layer's parameters with q/k/v and gate/up each concatenated along their output axis into one
-    projection (FUSED_PROJECTIONS; _qkv / _mlp split the product by columns): a decode step's small-row
-    products are fewer and wider (measured on SmolLM2's 30 bf16 layers at 32 rows: 5 % less time in the
-    products, bit-identical outputs). For a sampler's own copy of the weights (sampling.rollout_weights),
-    never the trained parameters. A group whose projections carry anything but kernel / bias (LoRA
-    adapters) or disagree on the bias stays as it is."""
-    out = dict(lp)
-    for fused, names in FUSED_PROJECTIONS.items():
-        parts = [lp[n] for n in names]
-        if any(set(p) - {"kernel", "bias"} for p in parts) or len({frozenset(p) for p in parts}) != 1:
-            continue
-        out[fused] = {k: jnp.concatenate([p[k] for p in parts], axis=-1) for k in parts[0]}
-        for n in names:
-            del out[n]
-    return out
 
 
 def split_layers(params: Params) -> list[dict]:
