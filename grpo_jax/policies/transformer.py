@@ -695,9 +695,9 @@ def prefill(
 def _attend_one(q, pk, pv, ck, cv, pmask, cmask, scale):
     """The attention of one new token as multiply-and-reduce (float32): q [B,G,K,g,Dh], prompt cache pk/pv
     [B,K,P,Dh], completion cache ck [B,G,K,Dh,T] (keys_positions_last), cv [B,G,K,T,Dh]; returns
-    [B,G,K,g,Dh]. With g = 1 (no grouped-query
-    sharing) the group axis is dropped first: XLA:CPU's library fusions of a reduce over operands broadcast
-    along size-1 axes ran ~20x slower (measured on the tiny model's bf16 rollout)."""
+    [B,G,K,g,Dh]. With g = 1 (no grouped-query sharing) the group axis is dropped first: XLA:CPU's library
+    fusions of a reduce over operands broadcast along size-1 axes ran ~20x slower (measured on the tiny
+    model's bf16 rollout)."""
     g1 = q.shape[3] == 1
     qq = q[:, :, :, 0] if g1 else q  # [B,G,K,(g,)Dh]
 
