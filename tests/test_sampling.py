@@ -210,21 +210,3 @@ def test_sample_categorical_matches_softmax_and_never_draws_masked_ids():
         se = np.sqrt(p[r] * (1 - p[r]) / n)
         assert np.all(np.abs(freq - p[r]) <= 5 * se + 1e-4), np.max(np.abs(freq - p[r]) / (se + 1e-12))
     assert 0.9 < p[1, 299] and abs(freq[299] - p[1, 299]) < 0.01
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_choose_tokens_shares_the_logits_pass_exactly(temperature):
-    """choose_tokens computes log_softmax's max / exp / sum once and draws from that exp when no filter is
-    on: the token is sample_categorical's for the same key and the log-prob jax.nn.log_softmax's, bit for
-    bit (a filter on draws from the filtered logits, as before)."""
-    logits = jax.random.normal(jax.random.key(5), (3, 4, 1000)) * 3.0
-    key = jax.random.key(9)
-    lg = logits / temperature
-    tok, lp = jax.jit(sampling.choose_tokens)(logits, key, sampling.sampling_params(temperature))
-    want_tok = jax.jit(sampling.sample_categorical)(key, lg)
-    np.testing.assert_array_equal(np.asarray(tok), np.asarray(want_tok))
-    want_lp = jnp.take_along_axis(jax.nn.log_softmax(lg, axis=-1), want_tok[..., None], axis=-1)[..., 0]
-    np.testing.assert_array_equal(np.asarray(lp), np.asarray(want_lp))
-    tok_k, _ = jax.jit(sampling.choose_tokens)(logits, key, sampling.sampling_params(temperature, top_k=5))
-    top5 = np.argsort(-np.asarray(logits), axis=-1)[..., :5]
-    assert all(int(t) in set(r) for t, r in zip(np.asarray(tok_k).ravel(), top5.reshape(-1, 5), strict=True))

@@ -192,14 +192,10 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     -inf logits (filtered ids) have probability exactly 0 and are never drawn. Float32
     limits: an id whose probability is below ~1e-7 of the row's total is drawn with a rounded probability
     (as jax.random.categorical's default "low" mode)."""
-    x = logits.astype(jnp.float32)
-    return _draw(key, jnp.exp(x - jnp.max(x, axis=-1, keepdims=True)))
-
-
-def _draw(key: jax.Array, p: jax.Array) -> jax.Array:
-    """sample_categorical from unnormalised probabilities p = exp(logits - max) [..., V]."""
-    lead, v = p.shape[:-1], p.shape[-1]
+    lead, v = logits.shape[:-1], logits.shape[-1]
     nb = -(-v // CDF_BLOCK)
+    x = logits.astype(jnp.float32)
+    p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
     if nb * CDF_BLOCK != v:
         p = jnp.pad(p, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)])
     u = 1.0 - jax.random.uniform(key, (2, *lead), jnp.float32)  # (0, 1]
@@ -219,20 +215,16 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     inside the kept set)."""
     greedy = sp.temperature <= 0
     lg = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, sp.temperature)
-    # log_softmax(lg)[token] as jax.nn.log_softmax computes it (shifted - log Σ exp(shifted), the same ops),
-    # its exp(shifted) shared with the draw when no filter is on: one pass over the logits fewer
-    shifted = lg - jax.lax.stop_gradient(jnp.max(lg, axis=-1, keepdims=True))
-    e = jnp.exp(shifted)
-    lse = jnp.log(jnp.sum(e, axis=-1, keepdims=True))
+    lsm = jax.nn.log_softmax(lg, axis=-1)
     need_filter = (sp.top_k > 0) | (sp.top_p < 1.0)
     filt = jax.lax.cond(need_filter, lambda x: filter_logits(x, sp.top_k, sp.top_p), lambda x: x, lg)
     # only the branch taken runs (a select of both under vmap with per-member temperatures)
     tok = jax.lax.cond(
         greedy,
         lambda: jnp.argmax(lg, axis=-1).astype(jnp.int32),
-        lambda: jax.lax.cond(need_filter, lambda: sample_categorical(key, filt), lambda: _draw(key, e)),
+        lambda: sample_categorical(key, filt),
     )
-    lp = (jnp.take_along_axis(shifted, tok[..., None], axis=-1) - lse)[..., 0]  # untruncated
+    lp = jnp.take_along_axis(lsm, tok[..., None], axis=-1)[..., 0]  # untruncated (filters off, or greedy)
 
     def truncated(lp):  # the renormalised truncated distribution the token was drawn from
         lp_f = jnp.take_along_axis(jax.nn.log_softmax(filt, axis=-1), tok[..., None], axis=-1)[..., 0]
