@@ -592,8 +592,8 @@ class KVCache(NamedTuple):
     Below float32 (the bf16 sampler) the decode loop keeps comp_k as [B, G, K, Dh, T] (`keys_positions_last`):
     its multiply-and-reduce over Dh then runs along rows of T contiguous scores instead of reducing each
     [Dh] row to one number (measured in alternating runs: the tiny model's bf16 rollout 0.36-0.39 ->
-    0.31-0.33 s, SmolLM2's 3-6 % faster; the same sampled tokens and log-probs); `canonical_cache` gives
-    the layout above back (a sampler's `with_cache` result).
+    0.31-0.33 s, SmolLM2's 4.81-4.83 -> 4.51-4.58 s; the same sampled tokens and log-probs);
+    `canonical_cache` gives the layout above back (a sampler's `with_cache` result).
     Heads come before positions so that the attention dots read the caches in place: with positions first,
     XLA:CPU transposed every layer's whole completion cache on every decode step (measured: ~20% of the
     tiny model's decode time). The completion cache is float32 with any compute dtype (a bf16 sampler's
