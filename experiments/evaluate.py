@@ -829,7 +829,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         fmt=pol["fmt"],
         details=details,
         turns=turns,
-        max_batch_tokens=max_batch_tokens,
+        plan=plan,  # the batches Progress counts, tokenized once
     )
     seconds.update(progress.seconds)
 

@@ -40,12 +40,13 @@ def _status_gb(field: str) -> float:
 
 
 def _heap() -> str:
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = _MallInfo2
-        mi = libc.mallinfo2()
-    except (OSError, AttributeError):
+    from grpo_jax.train.logging import libc
+
+    mallinfo2 = getattr(libc(), "mallinfo2", None)  # glibc >= 2.33
+    if mallinfo2 is None:
         return ""
+    mallinfo2.restype = _MallInfo2
+    mi = mallinfo2()
     return f"  heap {mi.uordblks / 1e9:.2f} in use, {mi.fordblks / 1e9:.2f} free"
 
 

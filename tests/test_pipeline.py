@@ -203,9 +203,8 @@ def test_length_bucketed_batches_keep_to_a_prompt_token_budget():
     def run(budget):
         shapes.clear()
         seen.clear()
-        texts, _ = pipeline._batched_samples(
-            sample_fn, TOK, problems, None, 4, 1, True, pipeline.PLAIN, max_batch_tokens=budget
-        )
+        plan = pipeline.plan_batches(TOK, problems, None, 4, pipeline.PLAIN, max_batch_tokens=budget)
+        texts, _ = pipeline._batched_samples(sample_fn, TOK, problems, plan, 1, True, pipeline.PLAIN)
         assert len(texts) == len(problems)
         return list(shapes), list(seen)
 

@@ -220,19 +220,17 @@ def _batched_samples(
     sample_fn: SampleFn,
     tok,
     problems: Sequence[Problem],
-    prompt_len: int | None,
-    batch: int,
+    plan: list[tuple[list[int], int, int]],
     n: int,
     greedy: bool,
     fmt: PromptFormat,
     turns: TurnsFn | None = None,
-    max_batch_tokens: int | None = None,
 ) -> tuple[list[str], np.ndarray | None]:
     """Problem-major completion texts (n per problem) and, with `turns`, the turn at which each sample passed
-    [len(problems) * n], sampled in the batches of `plan_batches`."""
+    [len(problems) * n], sampled in the batches of `plan` (plan_batches)."""
     texts: list[str] = [""] * (len(problems) * n)
     passed_turn = None if turns is None else np.zeros(len(problems) * n, np.int64)
-    for ids, plen, rows in plan_batches(tok, problems, prompt_len, batch, fmt, max_batch_tokens):
+    for ids, plen, rows in plan:
         chunk = [problems[i] for i in ids]
         real = len(chunk)
         chunk += [chunk[-1]] * (rows - real)
@@ -262,6 +260,7 @@ def evaluate(
     details: dict | None = None,
     turns: TurnsFn | None = None,
     max_batch_tokens: int | None = None,
+    plan: list[tuple[list[int], int, int]] | None = None,
 ) -> dict[str, float]:
     """Held-out metrics as a flat dict of floats.
 
@@ -271,7 +270,8 @@ def evaluate(
     "level{L}/pass@1" (greedy) and "level{L}/pass_rate" (sampled) per level; "status/{s}" counts over the
     sampled completions; "n_problems". n_samples = 0 (with ks empty) evaluates greedy pass@1 only.
     prompt_len None: each batch at its own prompt length, at most max_batch_tokens prompt positions per batch
-    when given (see _batched_samples).
+    when given (plan_batches); `plan`: those batches when the caller has planned them already (used for the
+    greedy and the sampled pass alike, as the plan computed here is).
     details: a dict to receive what the metrics were computed from (nothing else changes):
     "greedy" = (texts [B], verdicts [B]) and, when sampled, "sampled" = (texts [B * n_samples], verdicts),
     problem-major; texts are the model's replies (completion_for turns one into the graded completion);
@@ -287,10 +287,10 @@ def evaluate(
     if not problems:
         raise ValueError("evaluate: no problems")
     out: dict[str, float] = {"n_problems": float(len(problems))}
+    if plan is None:  # one plan (prompts tokenized once) for both passes
+        plan = plan_batches(tok, problems, prompt_len, batch, fmt, max_batch_tokens)
 
-    greedy_texts, greedy_turn = _batched_samples(
-        sample_fn, tok, problems, prompt_len, batch, 1, True, fmt, turns, max_batch_tokens
-    )
+    greedy_texts, greedy_turn = _batched_samples(sample_fn, tok, problems, plan, 1, True, fmt, turns)
     greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
     if details is not None:
         details["greedy"] = (greedy_texts, greedy_verdicts)
@@ -308,9 +308,7 @@ def evaluate(
         out[f"level{lv}/pass@1"] = float(greedy_ok[level_of == lv].mean())
 
     if n_samples > 0 and ks:
-        texts, turn = _batched_samples(
-            sample_fn, tok, problems, prompt_len, batch, n_samples, False, fmt, turns, max_batch_tokens
-        )
+        texts, turn = _batched_samples(sample_fn, tok, problems, plan, n_samples, False, fmt, turns)
         if turn is not None:
             out.update(_turn_metrics(turn, n_samples, [k for k in ks if k > 1], turns.max_turns))
         verdicts, r = score_completions(executor, problems, texts, n_samples, deadline_s, fmt)

@@ -117,11 +117,11 @@ def memory_metrics(devices: Sequence[Any] | None = None) -> dict[str, float]:
 
 
 @functools.lru_cache(maxsize=1)
-def _malloc_trim():
-    """glibc's malloc_trim, or None (another C library, or no libc to load)."""
+def libc():
+    """This process's C library (ctypes.CDLL, loaded once), or None when none can be loaded."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
         return None
 
 
@@ -134,7 +134,7 @@ def release_host_memory() -> None:
     and three steps without this, and stayed at 2.3-2.7 GB with it (WORKSPACE.md §6). Called after each
     evaluation sampling call, after a rollout's sampling and at the start of each rollout (the previous
     train step's buffers); measured 3-80 ms a call (SmolLM2, after a 50 x 128 evaluation batch)."""
-    trim = _malloc_trim()
+    trim = getattr(libc(), "malloc_trim", None)  # glibc only
     if trim is not None:
         trim(0)
 
