@@ -153,9 +153,42 @@ def test_a_run_on_mbpp_builds_with_the_suites_default_levels(tmp_path):
     suite's default --rl_levels=0,1 and found level 1 empty."""
     from grpo_jax.train.build import build
 
-    cfg, _ = mainjob.config(DATA, "--source=mbpp", "--prompt_len=1024", workdir=tmp_path / "w")
+    cfg, _ = mainjob.config(
+        DATA, "--source=mbpp", "--prompt_len=1024", "--sft_steps=0", workdir=tmp_path / "w"
+    )
     run = build(cfg, None, print_fn=lambda *a: None)
     try:
         assert len(run.problems.rl) == 374 and run.rollout.source.num_levels == 1
     finally:
         run.close()
+
+
+def test_mbpp_prompts_longer_than_prompt_len_are_left_out_before_anything_runs(tmp_path):
+    """--source=mbpp: MBPP's statements run to thousands of tokens (test split), and a held-out prompt that
+    did not fit once failed the run with a traceback minutes in, at its first evaluation. Now the training
+    and held-out problems that do not fit are left out at build time with a count, as for dataset files."""
+    from grpo_jax.codegen.pipeline import render_prompt
+    from grpo_jax.train.build import fit_prompts, model_and_tokenizer, problem_sets
+
+    cfg, _ = mainjob.config(
+        DATA,
+        "--source=mbpp",
+        "--prompt_len=400",
+        "--heldout_per_level=100",
+        "--sft_steps=0",
+        workdir=tmp_path / "w",
+    )
+    tok, _, _ = model_and_tokenizer(cfg)
+    before = problem_sets(cfg)
+    lines: list[str] = []
+    after = fit_prompts(cfg, tok, before, lines.append)
+    assert lines == [
+        "training problems: 22 of 374 prompts are longer than --prompt_len=400 tokens and left out",
+        "held-out problems: 10 of 100 prompts are longer than --prompt_len=400 tokens and left out",
+    ]
+    n = lambda q: len(tok.encode(render_prompt(tok, q, cfg.tasks.prompt)))  # noqa: E731
+    for old, new in ((before.rl, after.rl), (before.heldout, after.heldout)):
+        kept = {q.task_id for q in new}
+        assert all(n(q) <= 400 for q in new)
+        assert all(n(q) > 400 for q in old if q.task_id not in kept)
+    assert [q.task_id for q in after.sft] == [q.task_id for q in after.rl]

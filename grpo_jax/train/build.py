@@ -260,9 +260,10 @@ def problem_sets(cfg: RunConfig, executor: Executor | None = None) -> Problems:
 
 
 def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
-    """Problems read from files (--source=file|codeio, --eval_data) whose prompt is longer than
-    --prompt_len tokens are left out, with a count (the datasets' statements run to thousands of tokens);
-    the built-in sets keep today's error for a prompt that does not fit."""
+    """Problems of a dataset (--source=file|codeio|mbpp, --eval_data) whose prompt is longer than
+    --prompt_len tokens are left out before anything runs, with a count (the datasets' statements run to
+    thousands of tokens: MBPP's test split up to 3 757 in SmolLM2's chat template); the procedural suite's
+    short prompts keep pipeline.encode_prompts' error."""
     from grpo_jax.codegen.pipeline import render_prompt, sft_target
 
     t = cfg.tasks
@@ -284,7 +285,7 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
         return fit(name, problems, length, "prompts", "--prompt_len", t.prompt_len, "raise --prompt_len")
 
     sft, rl, heldout = p.sft, p.rl, p.heldout
-    if t.source in ("file", "codeio"):
+    if t.source in ("file", "codeio", "mbpp"):
         rl = prompts("training problems", rl)
         keep = {q.task_id for q in rl}
         sft = [q for q in sft if q.task_id in keep]
@@ -297,7 +298,7 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
                 f"--prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(rl)} training "
                 "problems that fit"
             )
-    if t.eval_data or t.source in ("file", "codeio"):
+    if t.eval_data or t.source in ("file", "codeio", "mbpp"):
         heldout = prompts("held-out problems", heldout)
     return Problems(sft, rl, heldout, p.extra)
 
