@@ -535,54 +535,11 @@ def load_eval_problems(o: PolicyEval, executor=None) -> tuple[list, list]:
     return problems, raw_task_ids(problems, rows)
 
 
-class Progress:
-    """Progress lines with elapsed time and an ETA (on stderr): per sampler batch and per graded chunk.
-    Also sums the seconds spent sampling and grading."""
-
-    def __init__(self, n_batches: int, write=None):
-        self.batches = n_batches  # the sampler calls per pass (pipeline.plan_batches)
-        self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.what = "greedy"
-        self.phase: tuple | None = None
-        self.seconds = {"sampling": 0.0, "grading": 0.0}
-
-    def start(self, phase: str, total: int, unit: str) -> None:
-        self.phase = (phase, self.what)
-        self.total, self.unit, self.done, self.t0 = total, unit, 0, time.perf_counter()
-        self.every = max(1, total // 10)
-
-    def tick(self, done: int, seconds: float, kind: str) -> None:
-        prev, self.done = self.done, done
-        self.seconds[kind] += seconds
-        if done == self.total or done == 1 or done // self.every != prev // self.every:
-            el = time.perf_counter() - self.t0
-            eta = el / done * (self.total - done) if done else float("nan")
-            self.write(
-                f"[{self.phase[0]} {self.phase[1]}] {done}/{self.total} {self.unit}, {el:.1f} s, "
-                f"ETA {eta:.0f} s"
-            )
-
-    def sampler(self, fn):
-        """fn (pipeline.SampleFn) with a progress line per batch."""
-
-        def sample(prompt, pmask, n, greedy):
-            what = "greedy" if greedy else f"{n} samples/task"
-            if self.phase != ("sampling", what):
-                self.what = what
-                self.start("sampling", self.batches, "batches")
-            t = time.perf_counter()
-            out = fn(prompt, pmask, n, greedy)
-            self.tick(self.done + 1, time.perf_counter() - t, "sampling")
-            return out
-
-        return sample
-
-
 class ChunkedExecutor:
     """The executor's `run` in chunks, with a progress line per chunk (the verdicts are the same: one job
     never depends on another); a deadline holds for the whole call."""
 
-    def __init__(self, executor, progress: Progress):
+    def __init__(self, executor, progress):  # a train.samplers.EvalProgress
         self.executor, self.progress = executor, progress
 
     def run(self, jobs, deadline_s=None):
@@ -732,6 +689,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
     from grpo_jax import rng as rng_lib
     from grpo_jax.codegen import pipeline
     from grpo_jax.train import loop
+    from grpo_jax.train.samplers import EvalProgress
 
     t_start = time.perf_counter()
     check_policy_eval(o)
@@ -793,7 +751,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
     # a batch of long prompts holds no more prompt positions than a held-out batch (as in the main job)
     max_batch_tokens = batch * pol["prompt_len"]
     plan = pipeline.plan_batches(pol["tok"], problems, prompt_len, batch, pol["fmt"], max_batch_tokens)
-    progress = Progress(len(plan), progress_write)
+    progress = EvalProgress(len(plan), progress_write)
     sample_fn = progress.sampler(loop.eval_sampler(view, pol["params"], key))
     log(
         f"evaluating {len(problems)} tasks of {o.problems}: greedy + {n} samples/task at temperature "
@@ -829,7 +787,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         fmt=pol["fmt"],
         details=details,
         turns=turns,
-        plan=plan,  # the batches Progress counts, tokenized once
+        plan=plan,  # the batches EvalProgress counts, tokenized once
     )
     seconds.update(progress.seconds)
 

@@ -3,13 +3,14 @@ finish), each checked for what it hands to the next: the state's step, the check
 lines, the per-problem counts, the results. The whole run through `loop.run` is tests/test_codegen_e2e.py."""
 
 import json
+import re
 
 import jax
 import mainjob
 import numpy as np
 import pytest
 
-from grpo_jax.train import compile_cache, loop
+from grpo_jax.train import compile_cache, loop, samplers
 from grpo_jax.train.export import params_digest
 from grpo_jax.train.logging import Progress
 from grpo_jax.train.samplers import release_eval_samplers
@@ -50,6 +51,16 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         ev = loop.evaluate(run, state, 1, "phase test")
         assert 0.0 <= ev["pass@1"] <= 1.0 and ev["seconds"] > 0
         assert any("[eval phase test]" in x for x in lines)
+        # a long evaluation (here: every one, quiet_s=0) shows a progress line per batch with an ETA
+        monkeypatch.setattr(loop, "EvalProgress", lambda n, write, quiet_s: samplers.EvalProgress(n, write))
+        del lines[:]
+        loop.evaluate(run, state, 1, "phase test")
+        n = -(-len(run.problems.heldout) // cfg.eval.batch)
+        shown = [re.sub(r"[0-9.]+ s, ETA \d+ s$", "T", x) for x in lines if "batches" in x]
+        assert shown == [
+            f"[eval phase test] heldout [sampling greedy] {i}/{n} batches, T" for i in range(1, n + 1)
+        ]
+        monkeypatch.undo()
         # the evaluation's compiled samplers: kept without a persistent compilation cache, dropped (freed)
         # when the cache can give them back (samplers.release_eval_samplers)
         monkeypatch.setattr(compile_cache, "directory", lambda: None)
@@ -77,3 +88,20 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         assert sorted(mainjob.metrics(wd)) == [1, 2]  # step 1 kept, step 2 appended
     finally:
         run.close()
+
+
+def test_eval_progress_is_quiet_for_short_evaluations_and_counts_every_batch():
+    calls = []
+    fn = lambda prompt, pmask, n, greedy: (prompt, n)  # noqa: E731
+    loud = samplers.EvalProgress(3, calls.append)
+    quiet = samplers.EvalProgress(3, calls.append, quiet_s=3600.0)
+    for p in (loud, quiet):
+        wrapped = p.sampler(fn)
+        for i in range(3):
+            assert wrapped(i, None, 8, False) == (i, 8)
+        wrapped(0, None, 1, True)
+    shown = [re.sub(r"[0-9.]+ s, ETA \d+ s$", "T", x) for x in calls]
+    assert shown == [f"[sampling 8 samples/task] {i}/3 batches, T" for i in (1, 2, 3)] + [
+        "[sampling greedy] 1/3 batches, T"
+    ]
+    assert quiet.seconds["sampling"] >= 0.0 and quiet.done == 1 and quiet.what == "greedy"

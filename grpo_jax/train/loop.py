@@ -48,7 +48,7 @@ from grpo_jax.train.logging import (
     write_json_atomic,
 )
 from grpo_jax.train.resume import check_sft_source, restore, save, sft_params_from
-from grpo_jax.train.samplers import eval_sampler, release_eval_samplers
+from grpo_jax.train.samplers import EvalProgress, eval_sampler, release_eval_samplers
 from grpo_jax.train.state import RunState, make_optimizer
 
 __all__ = ["RunConfigError", "evaluate", "finish", "rl_step", "run", "setup", "sft_warm_start", "train"]
@@ -212,9 +212,18 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
     common = dict(batch=cfg.eval.batch, deadline_s=cfg.sandbox.deadline_s, fmt=cfg.tasks.prompt)
     # the extra sets' batches of long prompts hold fewer rows: no more prompt positions than a held-out batch
     common["max_batch_tokens"] = cfg.eval.batch * cfg.tasks.prompt_len
-    sample_fn = eval_sampler(run, params, rng_lib.derive(state.train.rng["eval"], step, "heldout"))
+
+    def sampler(name, problems, prompt_len):  # the batches' plan and a progress line when it takes long
+        plan = pipeline.plan_batches(
+            run.tok, problems, prompt_len, cfg.eval.batch, cfg.tasks.prompt, common["max_batch_tokens"]
+        )
+        prog = EvalProgress(len(plan), lambda line: run.print(f"[eval {tag}] {name} {line}"), quiet_s=10.0)
+        key = rng_lib.derive(state.train.rng["eval"], step, name)
+        return prog.sampler(eval_sampler(run, params, key)), plan
+
+    fn, plan = sampler("heldout", run.problems.heldout, cfg.tasks.prompt_len)
     res = pipeline.evaluate(
-        sample_fn,
+        fn,
         run.executor,
         run.tok,
         run.problems.heldout,
@@ -222,12 +231,13 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
         ks=cfg.eval.ks,
         prompt_len=cfg.tasks.prompt_len,
         turns=multiturn.eval_turns(run, params, rng_lib.derive(state.train.rng["eval"], step, "turns")),
+        plan=plan,
         **common,
     )
     for name, problems in run.problems.extra.items():  # greedy pass@1, prompts batched by length
-        fn = eval_sampler(run, params, rng_lib.derive(state.train.rng["eval"], step, name))
+        fn, plan = sampler(name, problems, None)
         more = pipeline.evaluate(
-            fn, run.executor, run.tok, problems, n_samples=0, ks=(), prompt_len=None, **common
+            fn, run.executor, run.tok, problems, n_samples=0, ks=(), prompt_len=None, plan=plan, **common
         )
         res[f"{name}/pass@1"] = more["pass@1"]
     release_eval_samplers(run)
