@@ -90,6 +90,12 @@ flags.DEFINE_string(
 flags.DEFINE_integer("workers", None, "sandbox worker slots (default: per CPU count)")
 flags.DEFINE_float("timeout", 4.0, "wall-time limit per program, seconds")
 flags.DEFINE_float("deadline", None, "deadline for the whole batch, seconds")
+flags.DEFINE_bool(
+    "stop_on_failure",
+    False,
+    "run a program's tests only up to its first failure (pass/fail and pass@k are the same, faster on "
+    "problems with many tests; the per-test results then end at that test)",
+)
 flags.DEFINE_enum(
     "time_limits",
     "reference",
@@ -274,6 +280,7 @@ def evaluate(
     time_limits: str = "reference",
     floor_s: float = 0.5,
     factor: float = 5.0,
+    stop_on_failure: bool = False,
 ) -> dict:
     limits = Limits(wall_s=timeout, cpu_s=max(1, int(timeout + 0.999)))
     # the executor starts first (before anything that could import jax) and says what it isolates
@@ -295,7 +302,8 @@ def evaluate(
             )
         out = out or (samples_path + "_results.jsonl")
         t0 = time.monotonic()
-        jobs = jobs_for([by_id[k] for _, k, _ in samples], [c for _, _, c in samples])
+        programs = [c for _, _, c in samples]
+        jobs = jobs_for([by_id[k] for _, k, _ in samples], programs, stop_on_failure=stop_on_failure)
         verdicts = ex.run(jobs, deadline_s=deadline)
         secs = time.monotonic() - t0
         results = []
@@ -374,6 +382,7 @@ class PolicyEval:
     time_limits: str = "reference"
     floor_s: float = 0.5
     factor: float = 5.0
+    stop_on_failure: bool = False
 
 
 def parse_checkpoint(spec: str) -> tuple[str, int]:
@@ -788,6 +797,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         details=details,
         turns=turns,
         plan=plan,  # the batches EvalProgress counts, tokenized once
+        stop_on_failure=o.stop_on_failure,
     )
     seconds.update(progress.seconds)
 
@@ -857,6 +867,7 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         "statuses": dict(collections.Counter(r["status"] for r in sample_rows)),
         "greedy_statuses": dict(collections.Counter(r["status"] for r in greedy_rows)),
         "grading": dict(collections.Counter(r["grading"] for r in per_task)),
+        "stop_on_failure": o.stop_on_failure,  # statuses: each failed program's first failing test's
         "tier": executor.tier,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
         "out_dir": o.out_dir,
@@ -906,6 +917,7 @@ def policy_eval_from_flags() -> PolicyEval:
         time_limits=FLAGS.time_limits,
         floor_s=FLAGS.time_limit_floor,
         factor=FLAGS.time_limit_factor,
+        stop_on_failure=FLAGS.stop_on_failure,
     )
     check_policy_eval(o)
     return o
@@ -988,6 +1000,7 @@ def main(argv):
             time_limits=FLAGS.time_limits,
             floor_s=FLAGS.time_limit_floor,
             factor=FLAGS.time_limit_factor,
+            stop_on_failure=FLAGS.stop_on_failure,
         )
     except UsageError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1659,6 +1659,12 @@ class SandboxConfig:
     time_limit_factor: float = opt(
         5.0, "With --sandbox_time_limits=reference: the multiple of the reference time."
     )
+    stop_on_failure: bool = opt(
+        False,
+        "Run a program's tests only up to its first failure (rewards and pass@k are the same: they need all "
+        "tests to pass; faster on problems with many hidden tests); the per-test results then lack the "
+        "tests after it, so --multiscale_w_tests > 0 refuses it.",
+    )
 
     def __post_init__(self):
         _positive(self, ("workers", "wall_s", "deadline_s", "time_limit_floor_s", "time_limit_factor"))
@@ -1959,6 +1965,13 @@ class RunConfig:
             )
         if ro.max_turns > 1:
             self._check_multi_turn()
+        if self.sandbox.stop_on_failure and obj.multiscale_w_tests > 0:
+            fail(
+                self,
+                "sandbox.stop_on_failure",
+                f"multi-scale advantages (--multiscale_w_tests={obj.multiscale_w_tests}) need every test's "
+                "result: drop one of them",
+            )
         if self.curriculum.start_level >= len(self.tasks.rl_levels):
             fail(
                 self,

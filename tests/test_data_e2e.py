@@ -192,3 +192,45 @@ def test_mbpp_prompts_longer_than_prompt_len_are_left_out_before_anything_runs(t
         assert all(n(q) <= 400 for q in new)
         assert all(n(q) > 400 for q in old if q.task_id not in kept)
     assert [q.task_id for q in after.sft] == [q.task_id for q in after.rl]
+
+
+def test_stop_on_failure_gives_the_same_rewards_and_ends_each_programs_tests_at_its_first_failure(ex):
+    """--sandbox_stop_on_failure (and experiments.evaluate --stop_on_failure): the main job's Grader and
+    pipeline.evaluate grade the fixtures' right and wrong solutions to the same rewards, each wrong program's
+    tests ending at the test where it first failed when all were run."""
+    from grpo_jax.codegen.pipeline import PromptFormat
+    from grpo_jax.config import SandboxConfig
+    from grpo_jax.train.grader import Grader
+
+    sols = [json.loads(x) for x in (FIX / "solutions.jsonl").read_text().splitlines()]
+    problems, texts = [], []
+    for s in sols:
+        p = {q.task_id: q for q in formats.load(FIX / s["file"])}[s["task_id"]]
+        problems.append(p)
+        texts += [f"```python\n{s[k]}```" for k in ("correct", "wrong")]
+    fmt = PromptFormat("chat")
+    kinds = {p.test_kind for p in problems}
+    assert kinds == {"stdio", "call", "assert"}
+    graded = {}
+    for stop in (False, True):
+        grader = Grader(ex, SandboxConfig(stop_on_failure=stop), None, fmt, group=2, num_tests=64)
+        graded[stop] = grader.score(problems, texts)
+    (v_all, r_all), (v_stop, r_stop) = graded[False], graded[True]
+    assert r_all.tolist() == r_stop.tolist() == [[1.0, 0.0]] * len(problems)
+    cut = 0
+    for a, b in zip(v_all, v_stop, strict=True):
+        assert a.passed == b.passed
+        first = next((i for i, t in enumerate(a.tests) if not t.passed), None)
+        if first is None or not a.tests:  # passed, or ended before any test (the same both ways)
+            assert len(b.tests) == len(a.tests)
+        else:
+            assert len(b.tests) == first + 1 and not b.tests[-1].passed
+            cut += len(a.tests) - len(b.tests)
+    assert cut >= 5  # tests not run at all
+
+
+def test_stop_on_failure_is_refused_with_per_test_advantages(tmp_path):
+    with pytest.raises(cli.FlagError, match=r"--sandbox_stop_on_failure=true: multi-scale advantages"):
+        mainjob.config(DATA, "--sandbox_stop_on_failure", "--multiscale_w_tests=0.5", workdir=tmp_path / "w")
+    cfg, _ = mainjob.config(DATA, "--sandbox_stop_on_failure", workdir=tmp_path / "w")
+    assert cfg.sandbox.stop_on_failure

@@ -13,10 +13,15 @@ from grpo_jax.sandbox.types import Job, Limits
 
 
 def jobs_for(
-    problems: Sequence[Problem], completions: Sequence[str], limits: Limits | None = None
+    problems: Sequence[Problem],
+    completions: Sequence[str],
+    limits: Limits | None = None,
+    stop_on_failure: bool = False,
 ) -> list[Job]:
     """One Job per (problem, completion) pair. `completions` may also be a multiple of len(problems): then
-    each problem is repeated for its consecutive group of completions (GRPO groups)."""
+    each problem is repeated for its consecutive group of completions (GRPO groups). `stop_on_failure`
+    (Job.stop_on_failure): a program's tests end at its first failure (the pass/fail verdict is the same; the
+    tests after it are reported as not run)."""
     problems = list(problems)
     completions = list(completions)
     if not problems:
@@ -37,6 +42,7 @@ def jobs_for(
                 setup_code=p.setup_code,
                 limits=limits,
                 time_limit_s=p.time_limit_s,
+                stop_on_failure=stop_on_failure,
             )
         )
     return jobs

@@ -160,16 +160,19 @@ def score_completions(
     group: int,
     deadline_s: float | None = None,
     fmt: PromptFormat = PLAIN,
+    stop_on_failure: bool = False,
 ) -> tuple[list[Verdict], np.ndarray]:
     """Grade completions (the model's replies) in the sandbox: (verdicts [N], all-pass rewards [B, G]).
 
-    completions are problem-major: len(completions) == len(problems) * group."""
+    completions are problem-major: len(completions) == len(problems) * group. stop_on_failure: each
+    program's tests end at its first failure (jobs_for; the rewards are the same)."""
     if group < 1 or len(completions) != len(problems) * group:
         raise ValueError(
             f"score_completions: {len(completions)} completions for {len(problems)} problems x group={group}"
         )
     programs = [completion_for(problems[i // group], c, fmt) for i, c in enumerate(completions)]
-    verdicts = executor.run(jobs_for(problems, programs), deadline_s=deadline_s)
+    jobs = jobs_for(problems, programs, stop_on_failure=stop_on_failure)
+    verdicts = executor.run(jobs, deadline_s=deadline_s)
     r = rewards_lib.all_pass_rewards(verdicts).reshape(len(problems), group)
     return verdicts, r
 
@@ -261,6 +264,7 @@ def evaluate(
     turns: TurnsFn | None = None,
     max_batch_tokens: int | None = None,
     plan: list[tuple[list[int], int, int]] | None = None,
+    stop_on_failure: bool = False,
 ) -> dict[str, float]:
     """Held-out metrics as a flat dict of floats.
 
@@ -271,7 +275,9 @@ def evaluate(
     sampled completions; "n_problems". n_samples = 0 (with ks empty) evaluates greedy pass@1 only.
     prompt_len None: each batch at its own prompt length, at most max_batch_tokens prompt positions per batch
     when given (plan_batches); `plan`: those batches when the caller has planned them already (used for the
-    greedy and the sampled pass alike, as the plan computed here is).
+    greedy and the sampled pass alike, as the plan computed here is). stop_on_failure: each program's tests
+    end at its first failure (the pass/fail metrics are the same; "status/…" then counts each failed
+    program's first failing test's status).
     details: a dict to receive what the metrics were computed from (nothing else changes):
     "greedy" = (texts [B], verdicts [B]) and, when sampled, "sampled" = (texts [B * n_samples], verdicts),
     problem-major; texts are the model's replies (completion_for turns one into the graded completion);
@@ -291,7 +297,8 @@ def evaluate(
         plan = plan_batches(tok, problems, prompt_len, batch, fmt, max_batch_tokens)
 
     greedy_texts, greedy_turn = _batched_samples(sample_fn, tok, problems, plan, 1, True, fmt, turns)
-    greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, deadline_s, fmt)
+    grade = dict(deadline_s=deadline_s, fmt=fmt, stop_on_failure=stop_on_failure)
+    greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, **grade)
     if details is not None:
         details["greedy"] = (greedy_texts, greedy_verdicts)
         if greedy_turn is not None:
@@ -311,7 +318,7 @@ def evaluate(
         texts, turn = _batched_samples(sample_fn, tok, problems, plan, n_samples, False, fmt, turns)
         if turn is not None:
             out.update(_turn_metrics(turn, n_samples, [k for k in ks if k > 1], turns.max_turns))
-        verdicts, r = score_completions(executor, problems, texts, n_samples, deadline_s, fmt)
+        verdicts, r = score_completions(executor, problems, texts, n_samples, **grade)
         if details is not None:
             details["sampled"] = (texts, verdicts)
             if turn is not None:

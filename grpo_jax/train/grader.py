@@ -61,6 +61,7 @@ class Grader:
         owned: np.ndarray | None = None,
     ):
         self.executor, self.deadline_s, self.tok, self.fmt = executor, sandbox.deadline_s, tok, fmt
+        self.stop = bool(getattr(sandbox, "stop_on_failure", False))  # --sandbox_stop_on_failure
         self.G, self.num_tests = group, num_tests
         self.ctx, self.owned = ctx or Context(), owned
 
@@ -88,14 +89,14 @@ class Grader:
     def score(self, problems: Sequence[Problem], texts: Sequence[str]) -> tuple[list, np.ndarray]:
         """(verdicts [B * G], rewards [B, G]) of the texts; with several processes this process grades its own
         rows and the grades are exchanged, so every process holds every row's."""
-        G, dl = self.G, self.deadline_s
+        G, dl, kw = self.G, self.deadline_s, dict(stop_on_failure=self.stop)
         if not self.ctx.multi:
-            return pipeline.score_completions(self.executor, problems, texts, G, dl, self.fmt)
+            return pipeline.score_completions(self.executor, problems, texts, G, dl, self.fmt, **kw)
         owned = np.ones(len(problems), bool) if self.owned is None else self.owned
         mine = np.flatnonzero(owned)
         my_texts = [texts[b * G + g] for b in mine for g in range(G)]
         v, r = pipeline.score_completions(
-            self.executor, [problems[b] for b in mine], my_texts, G, dl, self.fmt
+            self.executor, [problems[b] for b in mine], my_texts, G, dl, self.fmt, **kw
         )
         verdicts: list = [None] * (len(problems) * G)
         rewards = np.zeros((len(problems), G), r.dtype)

@@ -210,6 +210,7 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
     params = state.train.params if run.param_fn is None else run.param_fn(state.train.params, state.frozen)
     t = time.perf_counter()
     common = dict(batch=cfg.eval.batch, deadline_s=cfg.sandbox.deadline_s, fmt=cfg.tasks.prompt)
+    common["stop_on_failure"] = cfg.sandbox.stop_on_failure
     # the extra sets' batches of long prompts hold fewer rows: no more prompt positions than a held-out batch
     common["max_batch_tokens"] = cfg.eval.batch * cfg.tasks.prompt_len
 
