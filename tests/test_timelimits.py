@@ -60,3 +60,18 @@ def test_a_per_problem_limit_bounds_a_loop(ex, tmp_path):
     # never looser than the executor's own limit
     (looser,) = ex.run(jobs_for([dataclasses.replace(QUICK, time_limit_s=99.0)], [loop]))
     assert looser.status is Status.TIMEOUT and looser.seconds < 4.5
+
+
+def test_a_stdin_stdout_problems_limit_comes_from_its_slowest_test(ex, tmp_path):
+    """Each stdin/stdout test is a run of its own under the problem's wall limit, so the limit is factor x the
+    slowest test's time: from the whole job's time (4 tests of 0.3 s) it would be 4 times too loose."""
+    ref = "import time\ntime.sleep(0.3)\nprint(int(input()) + 1)\n"
+    tests = tuple(TC("", str(i + 1) + "\n", kind="stdout", stdin=f"{i}\n") for i in range(4))
+    stdio = Problem("stdio", "", "", ref, tests=tests, completion_mode="program", test_kind="stdio")
+    (p,), rep = with_reference_time_limits(ex, [stdio], floor_s=0.4, factor=4.0, cache=tmp_path / "t.json")
+    assert rep["measured"] == 1 and rep["failed_reference"] == 0
+    assert (
+        1.2 <= p.time_limit_s < 2.0
+    )  # 4 x (0.3 s + start); the whole job's 4 x 1.2+ s would hit the 3 s cap
+    (v,) = ex.run(jobs_for([p], [ref]))
+    assert v.passed and len(v.tests) == 4

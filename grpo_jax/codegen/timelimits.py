@@ -3,7 +3,8 @@
 Generated code loops forever often, and a program that never ends costs the whole wall limit. Like evalplus
 and LiveCodeBench, each problem gets `limit = min(cap, max(floor, factor x reference seconds))`: the
 reference solution is run once through the executor (its verdict's `seconds`: the whole program with its
-tests, in the sandbox) and the figure is cached on disk, keyed by the program, its tests, its check and the
+tests, in the sandbox; for a stdin/stdout problem, whose every test is a run of its own under the limit, the
+slowest test's seconds) and the figure is cached on disk, keyed by the program, its tests, its check and the
 sandbox tier, so later runs do not measure again. `cap` is the executor's own limit (a per-problem limit is
 never looser). A reference that does not pass keeps the cap (and is counted in the report).
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.problem import Problem
+from grpo_jax.sandbox.types import is_stdio
 
 DEFAULT_FLOOR_S = 0.5
 DEFAULT_FACTOR = 5.0
@@ -52,10 +54,24 @@ def _key(p: Problem, tier: str) -> str:
                 for t in p.tests
             ],
             *([p.program_prelude] if p.program_prelude else []),
+            # stdin/stdout: the slowest test's time, not the job's (keys of the whole-job figures differ)
+            *(["per-test"] if _per_test(p) else []),
         ],
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _per_test(p: Problem) -> bool:
+    """A stdin/stdout problem: each test is a separate sandboxed run with the problem's wall limit, so the
+    limit comes from the slowest test's time (a whole-job figure would be N tests times too loose)."""
+    return bool(p.tests) and is_stdio(p.tests)
+
+
+def _seconds(p: Problem, v) -> float:
+    if _per_test(p) and v.tests:
+        return max(float(t.seconds) for t in v.tests)
+    return float(v.seconds)
 
 
 def _load(path: Path) -> dict:
@@ -106,7 +122,7 @@ def with_reference_time_limits(
         verdicts = executor.run(jobs_for(plain, completions))
         for i, v in zip(todo, verdicts, strict=True):
             if v.status.value != "infra_error":
-                store[keys[i]] = round(float(v.seconds), 6) if v.passed else None
+                store[keys[i]] = round(_seconds(problems[i], v), 6) if v.passed else None
         _save(path, store)
     out, limits = [], []
     failed = missing = 0
