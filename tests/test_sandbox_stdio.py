@@ -295,6 +295,7 @@ print(" ".join(sorted(found)) or "none")
 def test_stdio_must_fail(ex):
     add = (io("1 2\n", "3\n"), io("10 -4\n", "6\n"))
     secret = "SECRET-1a2b3c4d"
+    big = "7\n" * 750000  # 1.5 MB
     loop = "n = int(input())\nwhile n == 2:\n    pass\nprint(n * n)\n"
     three = (io("1\n", "1\n"), io("2\n", "4\n"), io("3\n", "9\n"))
     # inputs of decreasing length: an earlier one would outlast a later one in a reused buffer
@@ -326,6 +327,12 @@ def test_stdio_must_fail(ex):
         # passed through it: every child is a fork of the zygote)
         "inputs_isolated": (Job(SCAN + "#2\n", isolated), P),
         "syntax_error": (Job("print(1\n", add), Status.SYNTAX_ERROR),
+        # the output cap leaves room for twice a long expected answer (1.5 MB, over the 1 MiB default), no more
+        "long_answer": (Job("import sys\nsys.stdout.write('7\\n' * 750000)\n", (io("", big),)), P),
+        "over_twice_the_answer": (
+            Job("import sys\nsys.stdout.write('7\\n' * 1600000)\n", (io("", big),)),
+            OL,
+        ),
     }
     got = run(ex, cases)
     assert [t.status for t in got["one_test_loops"].tests] == [P, TO, P]

@@ -205,6 +205,18 @@ def _stdin_bytes(t: grading.TestCase) -> bytes:
     return s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")
 
 
+# A stdin/stdout test's output cap (stdout + stderr) is the job's Limits.output_bytes, or room for twice its
+# expected output plus 64 KiB when that is larger (a contest answer of several MB must not end as
+# output_limit), at most STDIO_OUTPUT_MAX. The expected text is the dataset's (trusted), never the program's.
+STDIO_OUTPUT_MAX = 64 << 20
+
+
+def _stdio_output_cap(lim: Limits, t: grading.TestCase) -> int:
+    e = t.expected
+    n = len(e) if isinstance(e, bytes) else len(str(e).encode("utf-8", "surrogateescape"))
+    return max(lim.output_bytes, min(STDIO_OUTPUT_MAX, 2 * n + (64 << 10)))
+
+
 def _expected_key(t: grading.TestCase):
     if t.kind == "stdout":  # the text, hashed (it may be megabytes)
         e = (
@@ -424,10 +436,12 @@ class Executor:
         return out
 
     # -------------------------------------------------------------------------------------------- running
-    def _request(self, job: Job, lim: Limits, wall: float | None = None) -> dict:
+    def _request(self, job: Job, lim: Limits, wall: float | None = None, output: int | None = None) -> dict:
         ld = _limits_dict(lim)
         if wall is not None:
             ld["wall_s"] = wall
+        if output is not None:  # a stdin/stdout test's own output cap (_stdio_output_cap)
+            ld["output_bytes"] = output
         return {
             "op": "run",
             "program": job.program,
@@ -746,7 +760,9 @@ class Executor:
                 try:
                     ooms = self._ready(slot, lim)
                     info, raw, output, stdout = slot.execute_stdio(
-                        self._request(job, lim, wall), wall + _RESPONSE_SLACK_S, stdin
+                        self._request(job, lim, wall, _stdio_output_cap(lim, tc)),
+                        wall + _RESPONSE_SLACK_S,
+                        stdin,
                     )
                     break
                 except _WorkerDied as e:
