@@ -327,7 +327,7 @@ def test_stdio_must_fail(ex):
         # passed through it: every child is a fork of the zygote)
         "inputs_isolated": (Job(SCAN + "#2\n", isolated), P),
         "syntax_error": (Job("print(1\n", add), Status.SYNTAX_ERROR),
-        # the output cap leaves room for twice a long expected answer (1.5 MB, over the 1 MiB default), no more
+        # the output cap leaves room for twice a long expected answer (1.5 MB, over the 1 MiB default)
         "long_answer": (Job("import sys\nsys.stdout.write('7\\n' * 750000)\n", (io("", big),)), P),
         "over_twice_the_answer": (
             Job("import sys\nsys.stdout.write('7\\n' * 1600000)\n", (io("", big),)),

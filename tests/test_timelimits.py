@@ -75,3 +75,35 @@ def test_a_stdin_stdout_problems_limit_comes_from_its_slowest_test(ex, tmp_path)
     )  # 4 x (0.3 s + start); the whole job's 4 x 1.2+ s would hit the 3 s cap
     (v,) = ex.run(jobs_for([p], [ref]))
     assert v.passed and len(v.tests) == 4
+
+
+def test_the_cache_key_of_a_set_valued_test_is_the_same_in_every_process():
+    """A set's repr follows the string-hash seed of its process: the key of a problem whose test expects a
+    set must not (MBPP's Mbpp/945 was measured again, and cached again, by every run)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from grpo_jax.codegen.timelimits import _key\n"
+        "from grpo_jax.problem import Problem\n"
+        "from grpo_jax.sandbox.types import TestCase as TC\n"
+        "t = TC(\"f(('x', 'y', 'z'))\", {'x', 'y', 'z', 'w', 'v'})\n"
+        "print(_key(Problem('p', '', 'f', 'def f(t):\\n    return set(t)\\n', tests=(t,)), 'tier'))\n"
+    )
+    keys = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout.strip()
+        for seed in range(6)
+    }
+    assert len(keys) == 1, keys
+    plain = _p("plain", "def f(x):\n    return x + 1\n")  # values without a set keep their keys
+    from grpo_jax.codegen.timelimits import _key, _stable_repr
+
+    assert _stable_repr(2) == "2" and _stable_repr([1, (2, "a")]) == repr([1, (2, "a")])
+    assert _stable_repr({"b", "a"}) == _stable_repr({"a", "b"}) == "['set', [\"'a'\", \"'b'\"]]"
+    assert _key(plain, "t") == _key(plain, "t")

@@ -50,7 +50,7 @@ def _key(p: Problem, tier: str) -> str:
             # a stdin/stdout test's input is part of what runs (assert-style tests have none: their keys
             # are those of the caches written before stdin tests existed)
             [
-                [t.call, t.kind, repr(t.expected), *([t.stdin] if t.stdin is not None else [])]
+                [t.call, t.kind, _stable_repr(t.expected), *([t.stdin] if t.stdin is not None else [])]
                 for t in p.tests
             ],
             *([p.program_prelude] if p.program_prelude else []),
@@ -60,6 +60,30 @@ def _key(p: Problem, tier: str) -> str:
         sort_keys=True,
     )
     return hashlib.sha256(payload.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def _stable_repr(x) -> str:
+    """repr(x), the same in every process: a set's repr follows its items' hashes, which change with each
+    process's string-hash seed (so an MBPP problem whose asserts compare sets was measured again by every run
+    and added a cache entry each time); values holding a set are written with their items in sorted order."""
+
+    def has_set(v) -> bool:
+        if isinstance(v, (set, frozenset)):
+            return True
+        if isinstance(v, dict):
+            return any(has_set(k) or has_set(w) for k, w in v.items())
+        return isinstance(v, (list, tuple)) and any(has_set(w) for w in v)
+
+    def canon(v):
+        if isinstance(v, (set, frozenset)):
+            return [type(v).__name__, sorted((canon(w) for w in v), key=repr)]
+        if isinstance(v, dict):
+            return ["dict", [[canon(k), canon(w)] for k, w in v.items()]]
+        if isinstance(v, (list, tuple)):
+            return [type(v).__name__, [canon(w) for w in v]]
+        return repr(v)
+
+    return repr(canon(x)) if has_set(x) else repr(x)
 
 
 def _per_test(p: Problem) -> bool:
