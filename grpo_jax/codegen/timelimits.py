@@ -23,6 +23,7 @@ from pathlib import Path
 
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.problem import Problem
+from grpo_jax.sandbox import grading
 from grpo_jax.sandbox.types import is_stdio
 
 DEFAULT_FLOOR_S = 0.5
@@ -65,7 +66,8 @@ def _key(p: Problem, tier: str) -> str:
 def _stable_repr(x) -> str:
     """repr(x), the same in every process: a set's repr follows its items' hashes, which change with each
     process's string-hash seed (so an MBPP problem whose asserts compare sets was measured again by every run
-    and added a cache entry each time); values holding a set are written with their items in sorted order."""
+    and added a cache entry each time); a value holding a set is written as the sandbox's cache tag
+    (grading.tag: set items in sorted order), any other keeps its repr and so its key of older caches."""
 
     def has_set(v) -> bool:
         if isinstance(v, (set, frozenset)):
@@ -74,16 +76,12 @@ def _stable_repr(x) -> str:
             return any(has_set(k) or has_set(w) for k, w in v.items())
         return isinstance(v, (list, tuple)) and any(has_set(w) for w in v)
 
-    def canon(v):
-        if isinstance(v, (set, frozenset)):
-            return [type(v).__name__, sorted((canon(w) for w in v), key=repr)]
-        if isinstance(v, dict):
-            return ["dict", [[canon(k), canon(w)] for k, w in v.items()]]
-        if isinstance(v, (list, tuple)):
-            return [type(v).__name__, [canon(w) for w in v]]
-        return repr(v)
-
-    return repr(canon(x)) if has_set(x) else repr(x)
+    if has_set(x):
+        try:
+            return json.dumps(grading.tag(x), sort_keys=True)
+        except grading.BadResult:  # a value the sandbox cannot tag: its repr, as before
+            pass
+    return repr(x)
 
 
 def _per_test(p: Problem) -> bool:

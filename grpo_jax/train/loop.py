@@ -209,8 +209,13 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
     cfg = run.cfg
     params = state.train.params if run.param_fn is None else run.param_fn(state.train.params, state.frozen)
     t = time.perf_counter()
-    common = dict(batch=cfg.eval.batch, deadline_s=cfg.sandbox.deadline_s, fmt=cfg.tasks.prompt)
-    common["stop_on_failure"] = cfg.sandbox.stop_on_failure
+    sb = cfg.sandbox
+    common = dict(
+        batch=cfg.eval.batch,
+        deadline_s=sb.deadline_s,
+        fmt=cfg.tasks.prompt,
+        stop_on_failure=sb.stop_on_failure,
+    )
     # the extra sets' batches of long prompts hold fewer rows: no more prompt positions than a held-out batch
     common["max_batch_tokens"] = cfg.eval.batch * cfg.tasks.prompt_len
 
