@@ -18,107 +18,20 @@ newest intact checkpoint and exit status 74 (EX_IOERR); the same command, given 
 
 from __future__ import annotations
 
-import errno
 import json
-import logging
 import os
-import re
 import sys
-import traceback
 import warnings
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 from grpo_jax import cli
+from grpo_jax.train.diskfull import EXIT_DISK_FULL, disk_full_error, disk_full_line, quiet_disk_full_logs
 
 FLAGS = flags.FLAGS
 cli.define_flags(FLAGS)
 flags.DEFINE_bool("dry_run", False, "Check the flags, print the resolved configuration as JSON and exit.")
-
-EXIT_DISK_FULL = 74  # EX_IOERR: free space (or move the workdir) and rerun the same command to resume
-_NO_SPACE = ("No space left on device", "Disk quota exceeded")  # strerror(ENOSPC), strerror(EDQUOT)
-
-
-def _no_space(e: BaseException) -> bool:
-    """A write that found the disk (or the quota) full: an OSError with errno ENOSPC / EDQUOT, or an
-    orbax / TensorStore error (ValueError / RuntimeError, e.g. RESOURCE_EXHAUSTED) whose message says so."""
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    return isinstance(e, (OSError, ValueError, RuntimeError)) and any(s in str(e) for s in _NO_SPACE)
-
-
-def disk_full_error(e: BaseException) -> BaseException | None:
-    """When `e` is a disk-full error: the first of its chain (`e`, what it was raised from or while handling,
-    ...), the write that found the disk full rather than a cleanup that found it again. None for any other
-    error, also one raised while handling a full disk (a bug shows its traceback)."""
-    if not _no_space(e):
-        return None
-    seen, first = set(), None
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if _no_space(e) and not (first is not None and first.__cause__ is e):  # not the error a wrapper names
-            first = e
-        e = e.__cause__ or e.__context__
-    return first
-
-
-class _QuietDiskFull(logging.Filter):
-    """Drops the log records of a disk-full error that the run reports in its one line: orbax's save threads
-    and asyncio ("exception was never retrieved") log each failed write with its traceback. A record without
-    the error attached (e.g. a warning of a write the run does without) still shows."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        return exc is None or disk_full_error(exc) is None
-
-
-def quiet_disk_full_logs() -> None:
-    """Keep a full disk to the run's one line: _QuietDiskFull on the handlers that print log records (absl's
-    on the root logger), and an unraisable-exception hook that drops what a failed save leaves behind
-    (TensorStore's callbacks into orbax's event loops that closed on the error; files whose final flush
-    finds the disk full)."""
-    quiet = _QuietDiskFull()
-    for h in [*logging.getLogger().handlers, logging.lastResort]:
-        if h is not None:
-            h.addFilter(quiet)
-    previous = sys.unraisablehook
-
-    def hook(u):
-        closed_loop = isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
-        if not closed_loop and (u.exc_value is None or disk_full_error(u.exc_value) is None):
-            previous(u)
-
-    sys.unraisablehook = hook
-
-
-def disk_full_line(e: BaseException, workdir: str) -> str:
-    """The one line of a run stopped by a full disk: what it was writing, where, and the step to resume."""
-    frames = " ".join(f.filename for f in traceback.extract_tb(e.__traceback__))
-    if "orbax" in frames or "checkpoint" in frames:
-        what = "a checkpoint"
-    elif "logging.py" in frames or "tensorboard" in frames.lower():
-        what = "the logs"
-    else:
-        what = "a file"
-    path = getattr(e, "filename", None) if isinstance(e, OSError) else None
-    if path is None:
-        m = re.search(r'(?:Failed writing|Error writing local file): "([^"]+)"', str(e))
-        path = m.group(1) if m else None
-    reason = next((s for s in _NO_SPACE if s in str(e)), os.strerror(getattr(e, "errno", errno.ENOSPC) or 28))
-    ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
-    try:
-        from grpo_jax.train.checkpoint import Checkpointer
-
-        steps = Checkpointer(ckpt_dir, read_only=True).intact_steps() if os.path.isdir(ckpt_dir) else []
-        newest = (
-            f"the newest intact checkpoint is step {steps[-1]} (rerun to resume)"
-            if steps
-            else ("no intact checkpoint (a rerun starts anew)")
-        )
-    except Exception as e2:  # noqa: BLE001 - the line must come out whatever the checkpoints' state
-        newest = f"the checkpoints in {ckpt_dir} could not be read ({type(e2).__name__})"
-    return f"disk full while writing {what} in {workdir}: {f'{path}: ' if path else ''}{reason}; {newest}"
 
 
 def main(argv):
@@ -166,7 +79,7 @@ def main(argv):
         except Exception as e:  # with several processes, often a collective whose peer died
             full = disk_full_error(e)
             if full is not None:
-                print(f"error: {disk_full_line(full, cfg.workdir)}", file=sys.stderr, flush=True)
+                print(f"error: {disk_full_line(full, cfg.workdir, raised=e)}", file=sys.stderr, flush=True)
                 # the failed save's coroutines are collected at exit: no warning about them after the line
                 warnings.filterwarnings("ignore", r"coroutine .* was never awaited", RuntimeWarning)
                 if cfg.dist.enabled:  # as fail_lost: JAX's shutdown would wait for the other processes

@@ -23,9 +23,9 @@ from grpo_jax.sandbox.isolation import stray_sandbox_pids
 from grpo_jax.sandbox.types import Job, Limits, Status
 from grpo_jax.sandbox.types import TestCase as TC
 from grpo_jax.train.checkpoint import Checkpointer
+from grpo_jax.train.diskfull import EXIT_DISK_FULL, disk_full_error, disk_full_line
 from grpo_jax.train.logging import MetricsLogger
 
-EXIT_DISK_FULL = 74  # experiments/codegen.py: EX_IOERR
 TINY = mainjob.TINY
 
 T_ADD = (TC("add(1, 2)", 3), TC("add(2, 2)", 4))
@@ -120,6 +120,47 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes(ex, tmp_p
         assert sorted(mainjob.metrics(wd)) == [1, 2, 3, 4]  # each step once
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _raised_in(filename: str, exc: BaseException, during: BaseException | None = None) -> BaseException:
+    """`exc` raised by code whose frame's file is `filename`, while handling `during` (its __context__)."""
+    exc.__context__ = during
+    try:
+        exec(compile("raise exc", filename, "exec"), {"exc": exc})
+    except BaseException as e:  # noqa: BLE001 - returned to the test
+        return e
+    raise AssertionError("not raised")
+
+
+def test_the_disk_full_line_names_what_was_written_from_the_path_or_any_error_of_the_chain(tmp_path):
+    """What the line says was being written: from the failed file's path when it lies in the checkpoints,
+    else from the frames of the error that found the disk full, else from those of the errors raised again
+    around it (an orbax / TensorStore write fails in a thread, with none of the writer's frames, and the
+    waiting code raises it again)."""
+    wd = str(tmp_path / "run")
+    no_space = "No space left on device"
+    head = rf"disk full while writing (.*) in {re.escape(wd)}: "
+
+    def what(full, raised=None):
+        assert disk_full_error(raised or full) is full
+        return re.match(head, disk_full_line(full, wd, raised=raised)).group(1)
+
+    in_ckpt = OSError(errno.ENOSPC, no_space, os.path.join(wd, "checkpoints", "4.orbax-tmp", "d", "0"))
+    assert what(in_ckpt) == "a checkpoint"
+    line = disk_full_line(in_ckpt, wd)
+    assert line.endswith(f"{in_ckpt.filename}: {no_space}; no intact checkpoint (a rerun starts anew)"), line
+    bare = RuntimeError(f"RESOURCE_EXHAUSTED: {no_space}")  # set in a thread: no frame of the writer
+    assert what(bare) == "a file"
+    again = RuntimeError(f"save failed: {no_space}")  # raised again while handling it
+    assert (
+        what(bare, _raised_in("/x/site-packages/orbax/checkpoint/future.py", again, bare)) == "a checkpoint"
+    )
+    logs = _raised_in("/x/grpo_jax/train/logging.py", OSError(errno.ENOSPC, no_space))
+    assert what(logs) == "the logs"  # the first error's own frames decide before the chain's
+    again = OSError(errno.ENOSPC, no_space)
+    assert what(logs, _raised_in("/x/grpo_jax/train/checkpoint.py", again, logs)) == "the logs"
+    other = _raised_in("/x/a.py", OSError(errno.ENOSPC, no_space, os.path.join(wd, "samples.jsonl")))
+    assert what(other) == "a file"
 
 
 def test_a_full_disk_under_the_logs_is_an_error_in_the_caller_not_a_hang(tmp_path):
