@@ -218,3 +218,49 @@ def test_low_precision_matmul_gradients_are_the_products_of_the_rounded_operands
     assert da.dtype == jnp.bfloat16 and db.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(da, np.float32), [[7.0, 5.0], [0.0, 1.0]])  # g · bᵀ
     np.testing.assert_array_equal(np.asarray(db), [[1.0, 5.0, 3.0], [2.0, 8.0, 6.0]])  # aᵀ · g
+
+
+def test_fused_softmax_backward_is_the_textbook_gradient_of_the_joint_softmax():
+    """Below float32 the attention's joint softmax has its own backward (tfm._attend_weights):
+    dS_i = W_i (dW_i - sum_j sum(W_j dW_j)) over both key blocks. Literal case: scores [0, ln 3] and [ln 4]
+    with one masked key (W = [1/8, 3/8 | 1/2, 0]), cotangent [1, 0 | 0, 5]: c = 1/8, dS = [7/64, -3/64 |
+    -1/16, 0]. It equals JAX's derivative of the float32 path (`_softmax_attend`) up to rounding, and its
+    forward is that path's bit for bit."""
+    s1 = jnp.asarray([[0.0, np.log(3.0)]], jnp.float32)
+    s2 = jnp.asarray([[np.log(4.0), 7.0]], jnp.float32)
+    masks = [jnp.asarray([[True, True]]), jnp.asarray([[True, False]])]
+    ct = [jnp.asarray([[1.0, 0.0]]), jnp.asarray([[0.0, 5.0]])]
+
+    def loss(fn):
+        return lambda a, b: sum(jnp.sum(w * c) for w, c in zip(fn([a, b], masks), ct, strict=True))
+
+    fused = loss(lambda sc, m: tfm._attend_weights(sc, m, jnp.bfloat16))
+    w = tfm._attend_weights([s1, s2], masks, jnp.bfloat16)
+    np.testing.assert_allclose(
+        np.concatenate([np.asarray(x) for x in w], -1), [[1 / 8, 3 / 8, 1 / 2, 0]], rtol=1e-6
+    )
+    d1, d2 = jax.grad(fused, (0, 1))(s1, s2)
+    np.testing.assert_allclose(np.asarray(d1), [[7 / 64, -3 / 64]], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(d2), [[-1 / 16, 0.0]], atol=1e-7)
+    r1, r2 = jax.grad(loss(tfm._softmax_attend), (0, 1))(s1, s2)
+    np.testing.assert_allclose(np.asarray(d1), np.asarray(r1), atol=1e-7)
+    np.testing.assert_allclose(np.asarray(d2), np.asarray(r2), atol=1e-7)
+    k = jax.random.split(jax.random.PRNGKey(0), 2)
+    big = [jax.random.normal(k[0], (3, 4, 5)), jax.random.normal(k[1], (3, 4, 6))]
+    bm = [jnp.ones((1, 1, 5), bool), jnp.tril(jnp.ones((4, 6), bool))[None]]
+    for a, b in zip(tfm._attend_weights(big, bm, jnp.bfloat16), tfm._softmax_attend(big, bm), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_bf16_swiglu_rounds_once():
+    """Below float32 the MLP's SiLU(gate) * up is computed in float32 from the bf16 projections and rounded
+    once (tfm.swiglu; XLA:CPU's bf16 chain rounds after each op and ran ~2x slower). gate -4, up -5:
+    -5 * -4 * sigmoid(-4) = 0.3597242 -> bf16 0.359375 (rounding after each op gave 0.361328125);
+    float32 is the plain product."""
+    g = jnp.asarray([-4.0, -4.5], jnp.bfloat16)
+    u = jnp.asarray([-5.0, -5.0], jnp.bfloat16)
+    y = tfm.swiglu(g, u)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32), [0.359375, 0.2470703125])
+    y32 = tfm.swiglu(g.astype(jnp.float32), u.astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(y32), [0.35972419, 0.24720621], rtol=1e-6)

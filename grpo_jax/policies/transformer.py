@@ -365,24 +365,50 @@ def rope_inv_freq(dh: int, theta: float, scaling: RopeScaling | None = None) -> 
     return jnp.where(medium, smoothed, inv_l)
 
 
-def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
-    """Rotary position embedding (Su et al. 2021), rotate-half convention of Llama/Qwen2 checkpoints
-    (transformers `rotate_half` / `apply_rotary_pos_emb`: dim i pairs with dim i + Dh/2).
+class RopeTables(NamedTuple):
+    """cos and sin of the rotary angles, [..., S, 1, Dh/2] float32 (broadcast over the heads)."""
 
-    x: [..., S, heads, Dh]; positions: [..., S] (integer); scaling: see `rope_inv_freq`."""
-    dh = x.shape[-1]
+    cos: jax.Array
+    sin: jax.Array
+
+
+def rope_tables(
+    positions: jax.Array, dh: int, theta: float, scaling: RopeScaling | None = None
+) -> RopeTables:
+    """The rotary angles' cos and sin for integer positions [..., S]. Computed once per forward, outside
+    the layer loop: inside it XLA:CPU fused them into every layer's q and k rotation and evaluated them
+    per head and per half of Dh, in the forward, the rematerialised forward and the backward alike."""
     inv = rope_inv_freq(dh, theta, scaling)  # [Dh/2]
     ang = positions.astype(jnp.float32)[..., None] * inv  # [..., S, Dh/2]
-    cos = jnp.cos(ang)[..., None, :]  # [..., S, 1, Dh/2]
-    sin = jnp.sin(ang)[..., None, :]
+    return RopeTables(jnp.cos(ang)[..., None, :], jnp.sin(ang)[..., None, :])
+
+
+def apply_rope(x: jax.Array, tables: RopeTables) -> jax.Array:
+    """x [..., S, heads, Dh] rotated by `tables` (rope_tables of its positions), in float32, rounded once
+    to x's dtype."""
+    dh = x.shape[-1]
+    cos, sin = tables
     xf = x.astype(jnp.float32)
     x1, x2 = xf[..., : dh // 2], xf[..., dh // 2 :]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
 
 
-def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, dtype):
-    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated).
+def rope(x: jax.Array, positions: jax.Array, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """Rotary position embedding (Su et al. 2021), rotate-half convention of Llama/Qwen2 checkpoints
+    (transformers `rotate_half` / `apply_rotary_pos_emb`: dim i pairs with dim i + Dh/2).
+
+    x: [..., S, heads, Dh]; positions: [..., S] (integer); scaling: see `rope_inv_freq`."""
+    return apply_rope(x, rope_tables(positions, x.shape[-1], theta, scaling))
+
+
+def _rot(cfg: TransformerConfig, positions: jax.Array) -> RopeTables:
+    return rope_tables(positions, cfg.dim_head, cfg.rope_theta, cfg.rope_scaling)
+
+
+def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array | RopeTables, dtype):
+    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated by
+    the RopeTables of their positions, or by integer positions [..., S]).
 
     With cfg.qk_norm (Qwen3, transformers Qwen3Attention): q and k are RMS-normalised over Dh per head
     (weights lp["q_norm"] / lp["k_norm"] [Dh], eps = rms_eps) after the head reshape and before RoPE."""
@@ -393,9 +419,9 @@ def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array, d
     if cfg.qk_norm:
         q = rms_norm(q, lp["q_norm"], cfg.rms_eps)
         k = rms_norm(k, lp["k_norm"], cfg.rms_eps)
-    qf = q.reshape(*lead, cfg.n_heads, cfg.dim_head)
-    q = rope(qf, positions, cfg.rope_theta, cfg.rope_scaling).reshape(q.shape)
-    k = rope(k, positions, cfg.rope_theta, cfg.rope_scaling)
+    rot = positions if isinstance(positions, RopeTables) else _rot(cfg, positions)
+    q = apply_rope(q.reshape(*lead, cfg.n_heads, cfg.dim_head), rot).reshape(q.shape)
+    k = apply_rope(k, rot)
     return q, k, v
 
 
@@ -403,7 +429,15 @@ def _mlp(cfg: TransformerConfig, lp: dict, x: jax.Array, dtype) -> jax.Array:
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
     g = dense(h, lp["gate_proj"], dtype)
     u = dense(h, lp["up_proj"], dtype)
-    return x + dense(jax.nn.silu(g) * u, lp["down_proj"], dtype)
+    return x + dense(swiglu(g, u), lp["down_proj"], dtype)
+
+
+def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
+    """SiLU(g) * u in the projections' dtype. Below float32 it is computed in float32 and rounded once:
+    XLA:CPU evaluates a bf16 chain op by op with a rounding after each, ~2x slower here."""
+    if g.dtype == jnp.float32:
+        return jax.nn.silu(g) * u
+    return (jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(g.dtype)
 
 
 def _softmax_attend(scores: list[jax.Array], masks: list[jax.Array]):
@@ -414,6 +448,35 @@ def _softmax_attend(scores: list[jax.Array], masks: list[jax.Array]):
     den = sum(jnp.sum(x, axis=-1, keepdims=True) for x in e)
     den = jnp.maximum(den, 1e-30)
     return [x / den for x in e]
+
+
+@jax.custom_vjp
+def _softmax_attend_vjp(scores: tuple, masks: tuple) -> tuple:
+    """_softmax_attend with the textbook backward, dS_i = W_i (dW_i - sum_j sum(W_j dW_j)) over all blocks,
+    one fused pass per block; JAX's derivative of the max, exp, sum and divide chain ran as several passes
+    (the largest single item of the tiny model's bf16 backward). The two differ by float rounding only, so
+    it is used below float32 (`_attend_weights`) and the float32 path keeps its bits."""
+    return tuple(_softmax_attend(list(scores), list(masks)))
+
+
+def _softmax_attend_fwd(scores, masks):
+    w = _softmax_attend_vjp(scores, masks)
+    return w, w
+
+
+def _softmax_attend_bwd(w, g):
+    c = sum(jnp.sum(wi * gi, axis=-1, keepdims=True) for wi, gi in zip(w, g, strict=True))
+    return tuple(wi * (gi - c) for wi, gi in zip(w, g, strict=True)), None
+
+
+_softmax_attend_vjp.defvjp(_softmax_attend_fwd, _softmax_attend_bwd)
+
+
+def _attend_weights(scores: list[jax.Array], masks: list[jax.Array], dtype) -> list[jax.Array]:
+    """The joint softmax of the training forwards: _softmax_attend, with its fused backward below float32."""
+    if jnp.dtype(dtype) == jnp.float32:
+        return _softmax_attend(scores, masks)
+    return list(_softmax_attend_vjp(tuple(scores), tuple(masks)))
 
 
 def _out_proj(cfg: TransformerConfig, lp: dict, x: jax.Array, o: jax.Array, dtype) -> jax.Array:
@@ -496,7 +559,7 @@ def forward(params: Params, cfg: TransformerConfig, tokens: jax.Array, mask: jax
     position s predicts token s+1."""
     dtype = _dt(cfg.compute_dtype)
     mask = mask.astype(bool)
-    pos = prompt_positions(mask)
+    pos = _rot(cfg, prompt_positions(mask))
     x = params["embed"][tokens].astype(dtype)
     s = tokens.shape[-1]
     causal = jnp.tril(jnp.ones((s, s), bool))
@@ -507,7 +570,7 @@ def forward(params: Params, cfg: TransformerConfig, tokens: jax.Array, mask: jax
         h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
         q, k, v = _qkv(cfg, lp, h, pos, dtype)  # q [N,S,K,g,Dh]
         sc = jnp.einsum("nskgd,ntkd->nkgst", q, k, preferred_element_type=jnp.float32) * scale
-        (w,) = _softmax_attend([sc], [allowed])
+        (w,) = _attend_weights([sc], [allowed], dtype)
         o = jnp.einsum("nkgst,ntkd->nskgd", w.astype(dtype), v)
         x = _out_proj(cfg, lp, x, o, dtype)
         return _mlp(cfg, lp, x, dtype)
@@ -543,7 +606,8 @@ def forward_grouped(
     plen = jnp.sum(pmask, axis=-1).astype(jnp.int32)  # [B]
     b, g, t = completions.shape
     p = prompt.shape[-1]
-    cpos = jnp.broadcast_to(plen[:, None, None] + jnp.arange(t, dtype=jnp.int32), (b, g, t))
+    prot = _rot(cfg, ppos)
+    crot = _rot(cfg, plen[:, None, None] + jnp.arange(t, dtype=jnp.int32))  # [B,1,T,1,Dh/2]: as every sample
     xp = params["embed"][prompt].astype(dtype)  # [B,P,D]
     xc = params["embed"][completions].astype(dtype)  # [B,G,T,D]
     pcausal = jnp.tril(jnp.ones((p, p), bool))
@@ -556,16 +620,16 @@ def forward_grouped(
         xp, xc = carry
         hp = rms_norm(xp, lp["attn_norm"], cfg.rms_eps)
         hc = rms_norm(xc, lp["attn_norm"], cfg.rms_eps)
-        qp, kp, vp = _qkv(cfg, lp, hp, ppos, dtype)  # qp [B,P,K,g,Dh], kp [B,P,K,Dh]
-        qc, kc, vc = _qkv(cfg, lp, hc, cpos, dtype)  # qc [B,G,T,K,g,Dh], kc [B,G,T,K,Dh]
+        qp, kp, vp = _qkv(cfg, lp, hp, prot, dtype)  # qp [B,P,K,g,Dh], kp [B,P,K,Dh]
+        qc, kc, vc = _qkv(cfg, lp, hc, crot, dtype)  # qc [B,G,T,K,g,Dh], kc [B,G,T,K,Dh]
         # prompt self-attention
         sp = jnp.einsum("bskgd,btkd->bkgst", qp, kp, preferred_element_type=jnp.float32) * scale
-        (wp,) = _softmax_attend([sp], [p_allowed])
+        (wp,) = _attend_weights([sp], [p_allowed], dtype)
         op = jnp.einsum("bkgst,btkd->bskgd", wp.astype(dtype), vp)
         # completion attention: shared prompt keys + own causal completion keys (joint softmax)
         s1 = jnp.einsum("bhtkgd,bskd->bhkgts", qc, kp, preferred_element_type=jnp.float32) * scale
         s2 = jnp.einsum("bhtkgd,bhskd->bhkgts", qc, kc, preferred_element_type=jnp.float32) * scale
-        w1, w2 = _softmax_attend([s1, s2], [c_to_p, c_causal])
+        w1, w2 = _attend_weights([s1, s2], [c_to_p, c_causal], dtype)
         oc = jnp.einsum("bhkgts,bskd->bhtkgd", w1.astype(dtype), vp) + jnp.einsum(
             "bhkgts,bhskd->bhtkgd", w2.astype(dtype), vc
         )
@@ -652,7 +716,7 @@ def prefill(
     loop by converting the whole stack to float32 first (~0.2 s per SmolLM2 rollout)."""
     dtype = _dt(cfg.compute_dtype)
     pmask = prompt_mask.astype(bool)
-    ppos = prompt_positions(pmask)
+    ppos = _rot(cfg, prompt_positions(pmask))
     b, p = prompt.shape
     x = params["embed"][prompt].astype(dtype)
     allowed = jnp.tril(jnp.ones((p, p), bool))[None, None, None] & pmask[:, None, None, None, :]
@@ -734,7 +798,7 @@ def decode_step(
     dtype = _dt(cfg.compute_dtype)
     layers = split_layers(params) if layers is None else layers
     tmax = cache.comp_v[0].shape[3]
-    pos = (cache.prompt_len[:, None] + t).astype(jnp.int32)[..., None]  # [B,G,1]
+    pos = _rot(cfg, (cache.prompt_len[:, None] + t).astype(jnp.int32)[..., None])  # of [B,1,1] positions
     x = params["embed"][tokens][:, :, None, :].astype(dtype)  # [B,G,1,D]
     pmask = cache.prompt_mask[:, None, None, None, None, :]  # [B,1,1,1,1,P]
     cmask = (jnp.arange(tmax) <= t)[None, None, None, None, None, :]  # [1,1,1,1,1,T]
