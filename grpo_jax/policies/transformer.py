@@ -380,7 +380,9 @@ def rope_tables(
     per head and per half of Dh, in the forward, the rematerialised forward and the backward alike."""
     inv = rope_inv_freq(dh, theta, scaling)  # [Dh/2]
     ang = positions.astype(jnp.float32)[..., None] * inv  # [..., S, Dh/2]
-    return RopeTables(jnp.cos(ang)[..., None, :], jnp.sin(ang)[..., None, :])
+    # the barrier keeps XLA from fusing cos and sin back into each consumer, which evaluates them per element
+    # (in the sampler's decode step: once per head, layer and cache write)
+    return RopeTables(*jax.lax.optimization_barrier((jnp.cos(ang)[..., None, :], jnp.sin(ang)[..., None, :])))
 
 
 def apply_rope(x: jax.Array, tables: RopeTables) -> jax.Array:
