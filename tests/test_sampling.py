@@ -210,3 +210,47 @@ def test_sample_categorical_matches_softmax_and_never_draws_masked_ids():
         se = np.sqrt(p[r] * (1 - p[r]) / n)
         assert np.all(np.abs(freq - p[r]) <= 5 * se + 1e-4), np.max(np.abs(freq - p[r]) / (se + 1e-12))
     assert 0.9 < p[1, 299] and abs(freq[299] - p[1, 299]) < 0.01
+
+
+# ---------------------------------------------------------- the bf16 sampler's two decode loops
+
+
+def test_bf16_decode_in_two_loops_gives_the_one_loop_draws(monkeypatch):
+    """Below float32 `sample` decodes the first max_new // 2 tokens on a half-length completion cache, then
+    grows it (tfm.grow_cache) for the rest. Against one loop over the full cache (SPLIT_DECODE_MIN above
+    max_new): the same tokens, mask and lengths, log-probs within float rounding (the attention's sums run
+    over fewer masked slots), and `with_cache` gives the full-length cache in the canonical layout, equal
+    on every written slot and zero beyond (rows that ended early included)."""
+    from grpo_jax.policies import transformer as tfm
+
+    cfg = tfm.TransformerConfig(
+        vocab_size=8,
+        d_model=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=64,
+        compute_dtype="bfloat16",
+        init_std=0.5,  # large weights: the attention moves the logits (near-uniform ones hide a bad cache)
+    )  # 8 ids: EOS ends rows in both loops
+    params = tfm.init_params(cfg, jax.random.PRNGKey(0))
+    prompt = jnp.asarray([[0, 0, 5, 6], [7, 4, 2, 5]], jnp.int32)
+    pmask = (prompt > 0).astype(jnp.int32)
+    sp = sampling.sampling_params(1.0)
+
+    def run(split_min):
+        monkeypatch.setattr(sampling, "SPLIT_DECODE_MIN", split_min)
+        sampling.make_sampler.cache_clear()  # a new sampler, traced with this setting
+        fn = sampling.make_sampler(cfg, group=8, max_new=16, eos_id=3, pad_id=0, with_cache=True)
+        return fn(params, prompt, pmask, jax.random.PRNGKey(2), sp)
+
+    (two, c2), (one, c1) = run(16), run(17)
+    sampling.make_sampler.cache_clear()  # no sampler of the patched setting outlives the test
+    np.testing.assert_array_equal(np.asarray(two.tokens), np.asarray(one.tokens))
+    np.testing.assert_array_equal(np.asarray(two.mask), np.asarray(one.mask))
+    lengths = np.asarray(two.lengths)
+    assert 0 < lengths.min() < 8 and lengths.max() == 16, lengths  # rows ending in both loops
+    np.testing.assert_allclose(np.asarray(two.logp), np.asarray(one.logp), atol=1e-5)
+    for a, b in zip(c2.comp_k + c2.comp_v, c1.comp_k + c1.comp_v, strict=True):
+        assert a.shape == b.shape == (2, 8, 2, 16, 8)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)

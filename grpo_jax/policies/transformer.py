@@ -690,6 +690,21 @@ def canonical_cache(cache: KVCache, cfg: TransformerConfig) -> KVCache:
     return cache._replace(comp_k=tuple(jnp.swapaxes(k, -1, -2) for k in cache.comp_k))
 
 
+def grow_cache(cache: KVCache, cfg: TransformerConfig, max_new: int) -> KVCache:
+    """`cache` with room for `max_new` completion tokens: its completion buffers zero-padded along the
+    positions (in the layout the decode loop keeps, keys_positions_last)."""
+
+    def pad(x, axis):
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, max_new - x.shape[axis])
+        return jnp.pad(x, widths)
+
+    kaxis = -1 if keys_positions_last(cfg) else 3
+    return cache._replace(
+        comp_k=tuple(pad(k, kaxis) for k in cache.comp_k), comp_v=tuple(pad(v, 3) for v in cache.comp_v)
+    )
+
+
 def split_layers(params: Params) -> list[dict]:
     """The stacked layer parameters as a list of per-layer pytrees (for the unrolled decode loop); params
     whose "layers" is already such a list (a sampler's cast weights, sampling.rollout_weights) give it as is.
