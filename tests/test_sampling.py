@@ -244,7 +244,7 @@ def test_bf16_decode_in_two_loops_gives_the_one_loop_draws(monkeypatch):
         fn = sampling.make_sampler(cfg, group=8, max_new=16, eos_id=3, pad_id=0, with_cache=True)
         return fn(params, prompt, pmask, jax.random.PRNGKey(2), sp)
 
-    (two, c2), (one, c1) = run(16), run(17)
+    (two, c2), (one, c1) = run(16), run(17)  # max_new = 16: split at 16, not at 17
     sampling.make_sampler.cache_clear()  # no sampler of the patched setting outlives the test
     np.testing.assert_array_equal(np.asarray(two.tokens), np.asarray(one.tokens))
     np.testing.assert_array_equal(np.asarray(two.mask), np.asarray(one.mask))

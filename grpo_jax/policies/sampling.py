@@ -235,7 +235,7 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     return tok, lp
 
 
-SPLIT_DECODE_MIN = 16  # shorter completions decode in one loop (the second loop's compile would not pay)
+SPLIT_DECODE_MIN = 32  # shorter completions decode in one loop (half a short cache is not worth a compile)
 
 
 def _decode_loop(
