@@ -69,6 +69,15 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         monkeypatch.setattr(compile_cache, "directory", lambda: str(tmp_path))
         release_eval_samplers(run)
         assert [fn._cache_size() for fn in run.eval_samplers.values()] == [0]
+        # within an evaluation, a new prompt-length bucket drops the last one's executable (cache on only)
+        for cache_dir, kept in ((None, 2), (str(tmp_path), 1)):
+            monkeypatch.setattr(compile_cache, "directory", lambda d=cache_dir: d)
+            release_eval_samplers(run)
+            fn = samplers.eval_sampler(run, state.train.params, jax.random.PRNGKey(0))
+            for width in (8, 12):
+                fn(np.full((2, width), 5, np.int32), np.ones((2, width), np.int32), 1, True)
+            assert [s._cache_size() for s in run.eval_samplers.values()] == [kept]
+        monkeypatch.undo()
 
         results = loop.finish(run, state, 1)
         final = params_digest(jax.device_get(state.train.params))

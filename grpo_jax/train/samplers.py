@@ -73,11 +73,15 @@ def eval_sampler(run, params, key):
     `params` (train.loop.evaluate; experiments.evaluate): call i uses key (key, i); one compiled sampler per
     group size for the whole run (run.eval_samplers); a bfloat16 policy samples from its bf16 weight copy
     (sampling.policy_weights_dtype). After each call the freed host memory goes back to the OS
-    (logging.release_host_memory): every prompt-length bucket is a new sampler shape."""
+    (logging.release_host_memory): every prompt-length bucket is a new sampler shape. The batches come in
+    order of length (pipeline.plan_batches), so when the persistent compilation cache is on, the executable
+    of the previous bucket is dropped as the next begins (~85-170 MB each for SmolLM2; they used to pile
+    up until the end of the evaluation, which set the peak RSS of a `smollm2.flags` run)."""
     ro = run.cfg.rollout
     sp_sampled = sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p)
     sp_greedy = sampling.sampling_params(0.0)
     calls = [0]
+    shapes: dict[int, tuple] = {}  # group size -> the prompt shape of its last call
 
     def fn(prompt, pmask, n, greedy):
         calls[0] += 1
@@ -86,6 +90,9 @@ def eval_sampler(run, params, key):
             wd = sampling.policy_weights_dtype(run.model)
             run.eval_samplers[n] = sampling.make_sampler(run.model, group=n, weights_dtype=wd, **kw)
         sampler = run.eval_samplers[n]
+        if shapes.get(n, prompt.shape) != prompt.shape and compile_cache.directory() is not None:
+            sampler.clear_cache()  # a new bucket: the last one's executable is not needed again here
+        shapes[n] = prompt.shape
         k = rng_lib.derive(key, calls[0])
         out = sampler(params, jnp.asarray(prompt), jnp.asarray(pmask), k, sp_greedy if greedy else sp_sampled)
         host = run.ctx.host((out.tokens, out.mask))
