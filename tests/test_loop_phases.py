@@ -48,7 +48,12 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         logged = mainjob.metrics(wd)
         assert sorted(logged) == [1] and 0.0 <= logged[1]["reward"] <= 1.0
 
+        rollout_fn = run.rollout.sampler._fn  # the training rollout's compiled sampler
+        assert rollout_fn._cache_size() == 1
+        monkeypatch.setattr(compile_cache, "directory", lambda: str(tmp_path))  # a persistent cache is on
         ev = loop.evaluate(run, state, 1, "phase test")
+        assert rollout_fn._cache_size() == 0  # dropped before the evaluation (samplers.release_samplers)
+        monkeypatch.undo()
         assert 0.0 <= ev["pass@1"] <= 1.0 and ev["seconds"] > 0
         assert any("[eval phase test]" in x for x in lines)
         # a long evaluation (here: every one, quiet_s=0) shows a progress line per batch with an ETA

@@ -48,7 +48,7 @@ from grpo_jax.train.logging import (
     write_json_atomic,
 )
 from grpo_jax.train.resume import check_sft_source, restore, save, sft_params_from
-from grpo_jax.train.samplers import EvalProgress, eval_sampler, release_eval_samplers
+from grpo_jax.train.samplers import EvalProgress, eval_sampler, release_eval_samplers, release_samplers
 from grpo_jax.train.state import RunState, make_optimizer
 
 __all__ = ["RunConfigError", "evaluate", "finish", "rl_step", "run", "setup", "sft_warm_start", "train"]
@@ -209,6 +209,7 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
     cfg = run.cfg
     params = state.train.params if run.param_fn is None else run.param_fn(state.train.params, state.frozen)
     t = time.perf_counter()
+    release_samplers(run)
     sb = cfg.sandbox
     common = dict(
         batch=cfg.eval.batch,

@@ -153,6 +153,17 @@ class EvalProgress:
         return sample
 
 
+def release_samplers(run) -> None:
+    """Before an evaluation, with the persistent compilation cache on: drop every sampler's executable,
+    the training rollout's included (it is loaded back from the cache at the next rollout, in seconds), so
+    that the evaluation's own samplers do not sit on top of it (sampling.release_compiled). Not with
+    --async_rewards, whose next rollout may be running."""
+    if compile_cache.directory() is None or run.cfg.rollout.async_rewards:
+        return
+    sampling.release_compiled()
+    release_host_memory()
+
+
 def release_eval_samplers(run) -> None:
     """After an evaluation: drop its compiled samplers (one executable per prompt-length bucket, ~85 MB of
     host memory each for SmolLM2 with 30 unrolled layers) when the persistent compilation cache is on, so
