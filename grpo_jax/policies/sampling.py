@@ -264,9 +264,8 @@ def _decode_loop(
     zeros_i = jnp.full((*lead, max_new), pad_id, jnp.int32)
     zeros_f = jnp.zeros((*lead, max_new), jnp.float32)
 
-    def cond(state):
-        t, _, _, finished, *_ = state
-        return (t < max_new) & ~jnp.all(finished)
+    def until(limit: int):  # the loop's condition: tokens left below `limit` and a sample not finished
+        return lambda state: (state[0] < limit) & ~jnp.all(state[3])
 
     def body(state):
         t, cache, logits, finished, toks, lps, msk = state
@@ -283,9 +282,9 @@ def _decode_loop(
     state = (jnp.int32(0), cache, logits, jnp.zeros(lead, bool), zeros_i, zeros_f, zeros_f)
     if grow is not None:
         t1, fn = grow
-        state = jax.lax.while_loop(lambda st: (st[0] < t1) & ~jnp.all(st[3]), body, state)
+        state = jax.lax.while_loop(until(t1), body, state)
         state = (state[0], fn(state[1]), *state[2:])
-    _, cache, _, finished, toks, lps, msk = jax.lax.while_loop(cond, body, state)
+    _, cache, _, finished, toks, lps, msk = jax.lax.while_loop(until(max_new), body, state)
     lengths = jnp.sum(msk, axis=-1).astype(jnp.int32)
     out = SampleOutput(toks, lps, msk, lengths, ~finished)
     return (out, cache) if with_cache else out

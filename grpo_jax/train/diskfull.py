@@ -78,6 +78,16 @@ def _under(path, directory: str) -> bool:
     return os.path.abspath(str(path)).startswith(directory + os.sep)
 
 
+def _writer(errors: list[BaseException]) -> str | None:
+    """What the frames of `errors` were writing: "a checkpoint", "the logs", or None when they do not say."""
+    frames = " ".join(f.filename for x in errors for f in traceback.extract_tb(x.__traceback__))
+    if "orbax" in frames or "checkpoint" in frames:
+        return "a checkpoint"
+    if "logging.py" in frames or "tensorboard" in frames.lower():
+        return "the logs"
+    return None
+
+
 def disk_full_line(e: BaseException, workdir: str, raised: BaseException | None = None) -> str:
     """The one line of a run stopped by a full disk: what it was writing, where, and the step to resume.
     `e` is the write that found the disk full (disk_full_error), `raised` the error the run ended with. What
@@ -89,14 +99,8 @@ def disk_full_line(e: BaseException, workdir: str, raised: BaseException | None 
         m = re.search(r'(?:Failed writing|Error writing local file): "([^"]+)"', str(e))
         path = m.group(1) if m else None
     ckpt_dir = os.path.join(os.path.abspath(workdir), "checkpoints")
-    what = "a checkpoint" if path is not None and _under(path, ckpt_dir) else None
-    for errors in ([e], [e, *_chain(raised)]):
-        frames = " ".join(f.filename for x in errors for f in traceback.extract_tb(x.__traceback__))
-        if what is None and ("orbax" in frames or "checkpoint" in frames):
-            what = "a checkpoint"
-        elif what is None and ("logging.py" in frames or "tensorboard" in frames.lower()):
-            what = "the logs"
-    what = what or "a file"
+    in_ckpt = "a checkpoint" if path is not None and _under(path, ckpt_dir) else None
+    what = in_ckpt or _writer([e]) or _writer(_chain(raised)) or "a file"
     reason = next((s for s in _NO_SPACE if s in str(e)), os.strerror(getattr(e, "errno", errno.ENOSPC) or 28))
     try:
         from grpo_jax.train.checkpoint import Checkpointer
