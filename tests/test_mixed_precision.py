@@ -252,6 +252,35 @@ def test_fused_softmax_backward_is_the_textbook_gradient_of_the_joint_softmax():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_fused_softmax_drops_the_size_one_axes_and_keeps_its_values():
+    """Without grouped-query sharing the training forwards' scores carry a size-1 group axis; below float32
+    `_attend_weights` drops every axis of size 1 in all blocks before its fused softmax (XLA:CPU's library
+    fusions of the backward's multiply-and-reduce ran ~8x slower with it: WORKSPACE.md §6), and gives the
+    weights back in the scores' shapes. Weights and gradients are those of the fused softmax on the
+    unsqueezed blocks, bit for bit; masks of lower rank broadcast as before."""
+    k = jax.random.split(jax.random.PRNGKey(3), 3)
+    s1 = jax.random.normal(k[0], (2, 3, 1, 4, 5))  # [B, K, g=1, T, S1]
+    s2 = jax.random.normal(k[1], (2, 3, 1, 4, 6))
+    masks = [jnp.asarray([1, 1, 0, 1, 1], bool)[None, None, None, None], jnp.tril(jnp.ones((4, 6), bool), 1)]
+    ct = [jax.random.normal(k[2], s1.shape), jax.random.normal(k[2], s2.shape)]
+
+    def loss(fn):
+        return lambda a, b: sum(jnp.sum(w * c) for w, c in zip(fn([a, b]), ct, strict=True))
+
+    lowp = lambda sc: tfm._attend_weights(sc, masks, jnp.bfloat16)
+    direct = lambda sc: list(tfm._softmax_attend_vjp(tuple(sc), (masks[0], masks[1][None, None, None])))
+    for a, b in zip(lowp([s1, s2]), direct([s1, s2]), strict=True):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    for a, b in zip(
+        jax.grad(loss(lowp), (0, 1))(s1, s2), jax.grad(loss(direct), (0, 1))(s1, s2), strict=True
+    ):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    jaxpr = jax.make_jaxpr(lambda a, b: lowp([a, b]))(s1, s2)
+    (call,) = [e for e in jaxpr.eqns if e.primitive.name == "custom_vjp_call"]
+    assert [v.aval.shape for v in call.invars] == [(2, 3, 4, 5), (2, 3, 4, 6), (1, 1, 1, 5), (1, 1, 4, 6)]
+
+
 def test_bf16_swiglu_rounds_once():
     """Below float32 the MLP's SiLU(gate) * up is computed in float32 from the bf16 projections and rounded
     once (tfm.swiglu; XLA:CPU's bf16 chain rounds after each op and ran ~2x slower). gate -4, up -5:
