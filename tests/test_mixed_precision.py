@@ -293,3 +293,34 @@ def test_bf16_swiglu_rounds_once():
     np.testing.assert_array_equal(np.asarray(y, np.float32), [0.359375, 0.2470703125])
     y32 = tfm.swiglu(g.astype(jnp.float32), u.astype(jnp.float32))
     np.testing.assert_allclose(np.asarray(y32), [0.35972419, 0.24720621], rtol=1e-6)
+
+
+def test_bf16_rope_is_the_rotation_in_float32_rounded_once_without_a_concatenation():
+    """Below float32 RoPE's rotated half is a product with a signed permutation (tfm.apply_rope; XLA:CPU
+    fused the slices-and-concatenation form with the head transpose into a ~5x slower loop). Literal case,
+    Dh = 4: x = [1, 2 | 3, 4], cos = [0.6, 0], sin = [0.8, 1]: [1*0.6 - 3*0.8, 2*0 - 4*1 | 3*0.6 + 1*0.8,
+    4*0 + 2*1] = [-1.8, -4, 2.6, 2], rounded once to bf16: [-1.796875, -4, 2.59375, 2]. On random values it
+    is the float32 formula rounded to bf16 (within one bf16 ulp: float32 rounding of the two forms may
+    differ); float32 keeps the slices."""
+    x = jnp.asarray([[[1.0, 2.0, 3.0, 4.0]]], jnp.bfloat16)  # [S=1, heads=1, Dh=4]
+    tables = tfm.RopeTables(jnp.asarray([[[0.6, 0.0]]]), jnp.asarray([[[0.8, 1.0]]]))
+    y = tfm.apply_rope(x, tables)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(y, np.float32), [[[-1.796875, -4.0, 2.59375, 2.0]]])
+    xs = jax.random.normal(jax.random.PRNGKey(0), (2, 5, 3, 16))
+    tab = tfm.rope_tables(jnp.arange(5)[None].repeat(2, 0) * 7, 16, 10000.0)
+    want = tfm.apply_rope(xs.astype(jnp.bfloat16).astype(jnp.float32), tab).astype(jnp.bfloat16)
+    got = tfm.apply_rope(xs.astype(jnp.bfloat16), tab)
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2**-7, atol=0)
+    prims = {e.primitive.name for e in jax.make_jaxpr(tfm.apply_rope)(xs.astype(jnp.bfloat16), tab).eqns}
+    assert "dot_general" in prims
+    assert {e.primitive.name for e in jax.make_jaxpr(tfm.apply_rope)(xs, tab).eqns} >= {
+        "concatenate",
+        "slice",
+    }
+    concat_of_x = [
+        e
+        for e in jax.make_jaxpr(tfm.apply_rope)(xs.astype(jnp.bfloat16), tab).eqns
+        if e.primitive.name == "concatenate" and e.outvars[0].aval.shape[:-1] == xs.shape[:-1]
+    ]
+    assert not concat_of_x
