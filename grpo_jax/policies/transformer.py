@@ -391,13 +391,16 @@ def apply_rope(x: jax.Array, tables: RopeTables) -> jax.Array:
     to x's dtype. Below float32 the rotated half comes from a product with the signed permutation
     `_rotate_half_matrix` (exact: one nonzero term per output) instead of slices and a concatenation along
     Dh: XLA:CPU fused the concatenation with the head transpose that follows into a loop ~5x slower than
-    the two apart (the tiny model's bf16 train step 0.63 -> 0.60 s, SmolLM2's bf16 rollout 4.43 -> 4.24 s;
-    WORKSPACE.md §6). The same values up to float32 rounding; float32 keeps the slices and its bits."""
+    the two apart (SmolLM2's bf16 rollout 4.43 -> 4.24 s, the same tokens and log-probs; WORKSPACE.md §6).
+    The same values up to float32 rounding; float32 keeps the slices and its bits."""
     dh = x.shape[-1]
     cos, sin = tables
     xf = x.astype(jnp.float32)
     if x.dtype != jnp.float32:
-        r = (xf.reshape(-1, dh) @ _rotate_half_matrix(dh)).reshape(xf.shape)
+        # a batch axis of size 1, so that the remat policy `dots_no_batch` recomputes this product rather
+        # than keeping its float32 output for the backward
+        dims = (((2,), (1,)), ((0,), (0,)))
+        r = jax.lax.dot_general(xf.reshape(1, -1, dh), _rotate_half_matrix(dh)[None], dims).reshape(xf.shape)
         c2 = jnp.concatenate([cos, cos], axis=-1)
         s2 = jnp.concatenate([sin, sin], axis=-1)
         return (xf * c2 + r * s2).astype(x.dtype)
