@@ -297,7 +297,7 @@ def test_bf16_swiglu_rounds_once():
 
 def test_bf16_rope_is_the_rotation_in_float32_rounded_once_without_a_concatenation():
     """Below float32 RoPE's rotated half is a product with a signed permutation (tfm.apply_rope; XLA:CPU
-    fused the slices-and-concatenation form with the head transpose into a ~5x slower loop). Literal case,
+    fused the slices-and-concatenation form with the head transpose into a ~2x slower loop). Literal case,
     Dh = 4: x = [1, 2 | 3, 4], cos = [0.6, 0], sin = [0.8, 1]: [1*0.6 - 3*0.8, 2*0 - 4*1 | 3*0.6 + 1*0.8,
     4*0 + 2*1] = [-1.8, -4, 2.6, 2], rounded once to bf16: [-1.796875, -4, 2.59375, 2]. On random values it
     is the float32 formula rounded to bf16 (within one bf16 ulp: float32 rounding of the two forms may

@@ -390,9 +390,10 @@ def apply_rope(x: jax.Array, tables: RopeTables) -> jax.Array:
     """x [..., S, heads, Dh] rotated by `tables` (rope_tables of its positions), in float32, rounded once
     to x's dtype. Below float32 the rotated half comes from a product with the signed permutation
     `_rotate_half_matrix` (exact: one nonzero term per output) instead of slices and a concatenation along
-    Dh: XLA:CPU fused the concatenation with the head transpose that follows into a loop ~5x slower than
-    the two apart (SmolLM2's bf16 rollout 4.43 -> 4.24 s, the same tokens and log-probs; WORKSPACE.md §6).
-    The same values up to float32 rounding; float32 keeps the slices and its bits."""
+    Dh: XLA:CPU fused the concatenation with the head transpose that follows into one loop, 2.7 ms against
+    1.5 ms for this form on the tiny model's [8, 8, 64, 4, 64] q (microbenchmark; end to end within this
+    host's run-to-run noise, WORKSPACE.md §6). The bf16 samplers draw the same tokens and log-probs as
+    before; float32 keeps the slices and its bits."""
     dh = x.shape[-1]
     cos, sin = tables
     xf = x.astype(jnp.float32)
