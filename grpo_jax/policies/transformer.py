@@ -399,9 +399,9 @@ def apply_rope(x: jax.Array, tables: RopeTables) -> jax.Array:
     xf = x.astype(jnp.float32)
     if x.dtype != jnp.float32:
         # a batch axis of size 1, so that the remat policy `dots_no_batch` recomputes this product rather
-        # than keeping its float32 output for the backward
-        dims = (((2,), (1,)), ((0,), (0,)))
-        r = jax.lax.dot_general(xf.reshape(1, -1, dh), _rotate_half_matrix(dh)[None], dims).reshape(xf.shape)
+        # than keeping its float32 output for the backward; no reshape, so a sharded heads axis stays put
+        dims = (((xf.ndim,), (1,)), ((0,), (0,)))
+        r = jax.lax.dot_general(xf[None], _rotate_half_matrix(dh)[None], dims)[0]
         c2 = jnp.concatenate([cos, cos], axis=-1)
         s2 = jnp.concatenate([sin, sin], axis=-1)
         return (xf * c2 + r * s2).astype(x.dtype)
