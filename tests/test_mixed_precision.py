@@ -314,19 +314,14 @@ def test_bf16_rope_is_the_rotation_in_float32_rounded_once_without_a_concatenati
     want = tfm.apply_rope(xs.astype(jnp.bfloat16).astype(jnp.float32), tab).astype(jnp.bfloat16)
     got = tfm.apply_rope(xs.astype(jnp.bfloat16), tab)
     np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=2**-7, atol=0)
-    (dot,) = [
-        e
-        for e in jax.make_jaxpr(tfm.apply_rope)(xs.astype(jnp.bfloat16), tab).eqns
-        if e.primitive.name == "dot_general"
-    ]
+    eqns = jax.make_jaxpr(tfm.apply_rope)(xs.astype(jnp.bfloat16), tab).eqns
+    (dot,) = [e for e in eqns if e.primitive.name == "dot_general"]
     assert dot.params["dimension_numbers"][1] != ((), ())  # a batch axis: `dots_no_batch` does not keep it
     assert {e.primitive.name for e in jax.make_jaxpr(tfm.apply_rope)(xs, tab).eqns} >= {
         "concatenate",
         "slice",
     }
     concat_of_x = [
-        e
-        for e in jax.make_jaxpr(tfm.apply_rope)(xs.astype(jnp.bfloat16), tab).eqns
-        if e.primitive.name == "concatenate" and e.outvars[0].aval.shape[:-1] == xs.shape[:-1]
+        e for e in eqns if e.primitive.name == "concatenate" and e.outvars[0].aval.shape[:-1] == xs.shape[:-1]
     ]
     assert not concat_of_x
