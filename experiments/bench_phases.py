@@ -8,7 +8,9 @@ end-of-generation ids ending a completion, β = 0.04 (k3, to a frozen reference)
 1.0), full fine-tuning. The reward is computed on the host from the decoded text (1 when the reply holds a
 `def`, else 0: cheap, non-constant, and it makes the step decode every completion as a real reward must).
 
-Per step: `sample` (prefill + decode loop, one jitted call), `reward` (host: decode the tokens, score),
+Per step: `sample` (prefill + decode loop, one jitted call, after the weight cast's own call below
+float32: `sampling.with_rollout_weights`; `prefill` is timed the same way, cast included), `reward` (host:
+decode the tokens, score),
 `train` (the jitted GRPO train step: reference forward, policy forward + backward, AdamW). After the timed
 steps each phase is timed again ALONE on the last step's batch (these diagnostic calls are not part of the
 step): prefill, the token choice over the 49 152 logits (`sampling overhead`, per decode step), the reference
@@ -190,11 +192,19 @@ def bench_peer(
 
     prompt, pmask = batch.prompt, batch.prompt_mask
 
-    def prefill_fn(prm, pr, pm):
-        prm, model = sampling.rollout_weights(prm, cfg, rollout_dtype)
-        return tfm.prefill(prm, model, pr, pm, group, max_new)
+    # as the sampler runs it (sampling.with_rollout_weights): below float32 the weights are cast by a jitted
+    # call of their own, then the prefill runs on the cast copy (one jit for both would let XLA fold the cast
+    # into the prefill's products, which the sampler never runs)
+    model = sampling.rollout_config(cfg, rollout_dtype)
+    prefill_jit = jax.jit(lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, group, max_new))
+    if model is cfg:
+        prefill = prefill_jit
+    else:
+        cast = jax.jit(lambda prm: sampling.rollout_weights(prm, cfg, rollout_dtype)[0])
 
-    prefill = jax.jit(prefill_fn)
+        def prefill(prm, pr, pm):
+            return prefill_jit(cast(prm), pr, pm)
+
     prefill_s = timed(prefill, state.params, prompt, pmask)
     logits = jax.random.normal(jax.random.PRNGKey(0), (b, group, cfg.vocab_size), jnp.float32)
     choose = jax.jit(lambda lg, k: sampling.choose_tokens(lg, k, sp))
@@ -228,7 +238,7 @@ def bench_peer(
     peak_roll = peak32 if rollout_dtype == "float32" else rate16
     n_param = cfg.num_params()
     w_bytes = n_param * 4
-    # the sampler reads its own copy of the weights: float32, or bf16 plus the untied [D, V] head
+    # the sampler reads its own copy of the weights: float32, or bf16 plus a [V, D] head copy
     w_read = w_bytes if rollout_dtype == "float32" else (n_param + cfg.vocab_size * cfg.d_model) * 2
     rows_dec = b * group
     ctx = p + n_dec / 2  # the mean context of a decode step

@@ -1,8 +1,8 @@
 """Rollouts sampled in bfloat16 (`--rollout_dtype=bfloat16`, grpo_jax.policies.sampling.rollout_weights): the
-policy's float32 weights are cast once per rollout, a tied head is untied into a [D, V] copy, the matmuls run
-in bf16 (accumulated in float32, `transformer.matmul`; the KV cache and attention stay float32), and the
-behaviour log-probs stay within bf16 rounding of the float32 trainer's. float32 (the default) hands the
-sampler the policy itself.
+policy's float32 weights are cast once per rollout (projections and head stored as rows [out, in]), the
+matmuls run in bf16 (accumulated in float32, `transformer.matmul`; the KV cache and attention stay
+float32), and the behaviour log-probs stay within bf16 rounding of the float32 trainer's. float32 (the
+default) hands the sampler the policy itself.
 
 Tolerances were measured on CPU on this tiny model (vocab 64, d_model 32, 2 layers, init_std 0.2 so that the
 logits are not all ~0); each bound has a >= 2x margin over the measured value quoted next to it."""
@@ -56,15 +56,23 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
     # every weight but the embedding table (looked up by rows, cast after the lookup) is bf16
     assert got["embed"] is params["embed"]
     assert all(leaf.dtype == jnp.bfloat16 for leaf in jax.tree.leaves({**got, "embed": None}))
+    # the head as rows [V, D]: a tied head is the cast table itself
     np.testing.assert_array_equal(
-        np.asarray(got["lm_head"], np.float32), np.asarray(params["embed"].T.astype(jnp.bfloat16), np.float32)
+        np.asarray(got["lm_head_t"], np.float32), np.asarray(params["embed"].astype(jnp.bfloat16), np.float32)
     )
-    assert set(got) == set(params) | {"lm_head"}
+    assert set(got) == set(params) | {"lm_head_t"}
     # the layers come split (a list of per-layer casts: the sampler reads them in place), each the cast of
-    # its slice of the stacked float32 weights
+    # its slice of the stacked float32 weights, every projection kernel [in, out] stored as rows [out, in]
     assert isinstance(got["layers"], list) and len(got["layers"]) == CFG.n_layers
     for i, lp in enumerate(got["layers"]):
         want = jax.tree.map(lambda a, i=i: a[i].astype(jnp.bfloat16), params["layers"])
+        want = {
+            k: {("kernel_t" if n == "kernel" else n): (a.T if n == "kernel" else a) for n, a in v.items()}
+            if isinstance(v, dict)
+            else v
+            for k, v in want.items()
+        }
+        assert all("kernel_t" in v for v in want.values() if isinstance(v, dict))  # the projections exist
         assert jax.tree.structure(lp) == jax.tree.structure(want)
         for w, x in zip(jax.tree.leaves(lp), jax.tree.leaves(want), strict=True):
             assert w.dtype == jnp.bfloat16
@@ -81,9 +89,42 @@ def test_bfloat16_rollout_casts_every_weight_once_and_unties_the_head():
     untied = dataclasses.replace(CFG, tie_embeddings=False)
     p2 = tfm.init_params(untied, jax.random.key(0))
     got2, _ = sampling.rollout_weights(p2, untied, "bfloat16")
-    assert set(got2) == set(p2) and got2["lm_head"].dtype == jnp.bfloat16 and got2["embed"] is p2["embed"]
+    assert set(got2) == set(p2) - {"lm_head"} | {"lm_head_t"} and got2["embed"] is p2["embed"]
+    np.testing.assert_array_equal(
+        np.asarray(got2["lm_head_t"], np.float32),
+        np.asarray(p2["lm_head"].T.astype(jnp.bfloat16), np.float32),
+    )
     with pytest.raises(ValueError, match="rollout dtype 'float16': valid: float32, bfloat16"):
         sampling.rollout_weights(params, CFG, "float16")
+
+
+def test_rows_layout_samples_what_the_in_out_layout_samples():
+    """The bf16 copy's projections and head stored as rows [out, in] (`tfm.rows_matmul`) give the same
+    tokens and log-probs, bit for bit, as the same bf16 weights in the [in, out] layout (`tfm.matmul`)."""
+    params = tfm.init_params(CFG, jax.random.key(0))
+    rows, cfg = sampling.rollout_weights(params, CFG, "bfloat16")
+    cols = {k: v for k, v in rows.items() if k != "lm_head_t"}
+    cols["lm_head"] = rows["lm_head_t"].T
+    cols["layers"] = [
+        {
+            k: {("kernel" if n == "kernel_t" else n): (a.T if n == "kernel_t" else a) for n, a in v.items()}
+            if isinstance(v, dict)
+            else v
+            for k, v in lp.items()
+        }
+        for lp in rows["layers"]
+    ]
+    prompt, pmask = _inputs()
+    sp = sampling.sampling_params(1.0)
+    run = jax.jit(
+        lambda prm: sampling.sample(
+            prm, cfg, prompt, pmask, jax.random.key(5), sp, group=G, max_new=T, eos_id=1, pad_id=0
+        )
+    )
+    a, b = run(rows), run(cols)
+    assert int(a.mask.sum()) > 2 * G
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _trainer_logp(params, cfg, prompt, pmask, out):

@@ -320,8 +320,19 @@ def matmul(a: jax.Array, b: jax.Array, dtype) -> jax.Array:
     return _lowp_matmul(a.astype(dtype), b)
 
 
+def rows_matmul(a: jax.Array, w_rows: jax.Array) -> jax.Array:
+    """a [..., K] @ w_rows.T for a weight stored as rows [M, K] ([out, in], torch's Linear layout), in a's
+    dtype with float32 accumulation and a float32 result. The bf16 sampler's weight copy is stored this way
+    (sampling.rollout_weights): XLA:CPU reads it faster in the few-row products of a decode step (SmolLM2's
+    [32, 1536] x [1536, 576] down projection: ~300 -> ~130 us per product, WORKSPACE.md §6) and computes
+    the same float32 sums, so the sampled tokens and log-probs are unchanged."""
+    dims = (((a.ndim - 1,), (1,)), ((), ()))
+    return jax.lax.dot_general(a, w_rows.astype(a.dtype), dims, preferred_element_type=jnp.float32)
+
+
 def dense(x: jax.Array, p: dict, dtype) -> jax.Array:
     """x @ kernel (+ bias) (+ LoRA: x @ lora_a @ lora_b * lora_scale when adapters are merged into `p`).
+    A sampler's weight copy holds kernel_t = kernel.T instead (`rows_matmul`).
 
     Stacked adapters of M members (`lora.merge_members`: lora_a [M, in, r], lora_b [M, r, out] in a layer)
     are applied per member to member-major rows: the rows are split into M equal blocks and block i gets
@@ -331,7 +342,10 @@ def dense(x: jax.Array, p: dict, dtype) -> jax.Array:
     than the same dot in 2-D (measured: the tiny GRPO step's policy backward went from 2.26 s to 1.38 s)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
-    y = matmul(x2, p["kernel"], dtype)
+    if "kernel_t" in p:  # a sampler's low-precision copy, stored [out, in] (sampling.rollout_weights)
+        y = rows_matmul(x2.astype(dtype), p["kernel_t"]).astype(dtype)
+    else:
+        y = matmul(x2, p["kernel"], dtype)
     if "bias" in p:
         y = y + p["bias"].astype(dtype)
     if "lora_a" in p:
@@ -550,7 +564,10 @@ def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
 
 
 def head_weight(params: Params, cfg: TransformerConfig) -> jax.Array:
-    """The LM-head matrix [D, V] (param dtype): embed.T when the embeddings are tied, else lm_head."""
+    """The LM-head matrix [D, V] (param dtype): embed.T when the embeddings are tied, else lm_head (a
+    sampler's weight copy: lm_head_t.T, sampling.rollout_weights)."""
+    if "lm_head_t" in params:
+        return params["lm_head_t"].T
     return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
 
 
@@ -564,6 +581,8 @@ def _head(cfg: TransformerConfig, params: Params, x: jax.Array, return_hidden: b
     h = rms_norm(x, params["final_norm"], cfg.rms_eps)
     if return_hidden:
         logits = h
+    elif "lm_head_t" in params:  # a sampler's copy, [V, D] (sampling.rollout_weights)
+        logits = rows_matmul(h, params["lm_head_t"])
     else:
         w = head_weight(params, cfg)
         logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
