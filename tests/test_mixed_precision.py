@@ -220,6 +220,27 @@ def test_low_precision_matmul_gradients_are_the_products_of_the_rounded_operands
     np.testing.assert_array_equal(np.asarray(db), [[1.0, 5.0, 3.0], [2.0, 8.0, 6.0]])  # aᵀ · g
 
 
+def test_bf16_dense_bias_gradient_is_the_float32_column_sum():
+    """Below float32 a dense layer's bias is added in the compute dtype and its gradient is the column sum of
+    the bf16 cotangent accumulated in float32 (tfm._add_bias_lowp), cast to the bias's own dtype."""
+    x = jnp.asarray([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [0.0, 0.0]], jnp.bfloat16)
+    p = {"kernel": jnp.eye(2, dtype=jnp.float32), "bias": jnp.asarray([0.5, -1.0], jnp.float32)}
+    y = tfm.dense(x, p, jnp.bfloat16)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(y, np.float32), [[1.5, -1.0], [0.5, 0.0], [1.5, 0.0], [0.5, -1.0]]
+    )
+    # each column sums 1 + 3 * 2^-8 = 1.01171875 in float32, which bf16 cannot hold (its spacing at 1 is
+    # 2^-7); a bf16 running sum would stay at 1 (1 + 2^-8 rounds to even, each time)
+    e = 2.0**-8
+    g = jnp.asarray([[1.0, e], [e, 1.0], [e, e], [e, e]], jnp.bfloat16)
+    _, vjp = jax.vjp(lambda x, p: tfm.dense(x, p, jnp.bfloat16), x, p)
+    dx, dp = vjp(g)
+    assert dp["bias"].dtype == jnp.float32 and dx.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(dp["bias"]), [1.01171875, 1.01171875])
+    np.testing.assert_array_equal(np.asarray(dx, np.float32), np.asarray(g, np.float32))  # kernel = I
+
+
 def test_fused_softmax_backward_is_the_textbook_gradient_of_the_joint_softmax():
     """Below float32 the attention's joint softmax has its own backward (tfm._attend_weights):
     dS_i = W_i (dW_i - sum_j sum(W_j dW_j)) over both key blocks. Literal case: scores [0, ln 3] and [ln 4]
