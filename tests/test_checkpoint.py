@@ -311,6 +311,10 @@ def test_resume_from_a_step_and_the_errors_that_list_the_intact_steps(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["1", "2", "3"]  # nothing deleted
 
 
+# orbax's failed read of the corrupt step leaves tensorstore callbacks that fire after its event loop has
+# closed ("Event loop is closed", raised in asyncio's call_soon_threadsafe and reported as unraisable by
+# pytest, in most runs); the restore's result is what this test checks
+@pytest.mark.filterwarnings("ignore:(?s).*Event loop is closed:pytest.PytestUnraisableExceptionWarning")
 def test_steps_without_checksums_are_trusted_unless_unreadable(tmp_path):
     """Steps saved before checksums were recorded restore as before; one that cannot be read is skipped."""
     template, states = _three_steps(tmp_path)
