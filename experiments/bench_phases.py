@@ -192,19 +192,13 @@ def bench_peer(
 
     prompt, pmask = batch.prompt, batch.prompt_mask
 
-    # as the sampler runs it (sampling.with_rollout_weights): below float32 the weights are cast by a jitted
-    # call of their own, then the prefill runs on the cast copy (one jit for both would let XLA fold the cast
-    # into the prefill's products, which the sampler never runs)
+    # as the sampler runs it: below float32 the weights are cast by a jitted call of their own, then the
+    # prefill runs on the cast copy (one jit for both would let XLA fold the cast into the prefill's products,
+    # which the sampler never runs)
     model = sampling.rollout_config(cfg, rollout_dtype)
-    prefill_jit = jax.jit(lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, group, max_new))
-    if model is cfg:
-        prefill = prefill_jit
-    else:
-        cast = jax.jit(lambda prm: sampling.rollout_weights(prm, cfg, rollout_dtype)[0])
-
-        def prefill(prm, pr, pm):
-            return prefill_jit(cast(prm), pr, pm)
-
+    prefill = sampling.with_rollout_weights(
+        lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, group, max_new), cfg, rollout_dtype
+    )
     prefill_s = timed(prefill, state.params, prompt, pmask)
     logits = jax.random.normal(jax.random.PRNGKey(0), (b, group, cfg.vocab_size), jnp.float32)
     choose = jax.jit(lambda lg, k: sampling.choose_tokens(lg, k, sp))

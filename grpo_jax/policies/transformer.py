@@ -589,10 +589,7 @@ def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
 
 
 def head_weight(params: Params, cfg: TransformerConfig) -> jax.Array:
-    """The LM-head matrix [D, V] (param dtype): embed.T when the embeddings are tied, else lm_head (a
-    sampler's weight copy: lm_head_t.T, sampling.rollout_weights)."""
-    if "lm_head_t" in params:
-        return params["lm_head_t"].T
+    """The LM-head matrix [D, V] (param dtype): embed.T when the embeddings are tied, else lm_head."""
     return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
 
 
