@@ -33,7 +33,11 @@ step_s_median (sample + reward + train step), sampling_s_median, sampler_tokens_
 (the jitted train step: reference forward + policy forward/backward + update), reference_forward_s_median
 (timed alone, for the breakdown), step_gflop (FLOPs executed, with the prompt encoded once per group),
 step_gflop_unshared (what a trainer that repeats the prompt per sample would execute), achieved_gflops,
-fraction_of_matmul_peak, peak_rss_mb (host), device_peak_mb (accelerators only: the device allocator's peak).
+fraction_of_matmul_peak, peak_rss_mb (host), device_peak_mb (accelerators only: the device allocator's peak),
+and with the device's rates (not with --nomatmul alone): prefill_s (the weight cast and the prefill, as the
+sampler runs them), decode_per_token_s = (sampling - prefill) / T with its floor_s
+(experiments.bench_phases.decode_floor_s: the weight copy and the KV cache read at the bandwidth, or the
+FLOPs at the matmul rate), and decode_fraction_of_floor (floor / measured).
 The pool workload (experiments.pool_timing, the loop's per-step pool
 evaluation on the quickstart model, K = 16 members) prints pool_k16_logp_ratio, pool_k16_sample_ratio
 (vmapped / loop time; full-parameter members) and pool_k16_lora_logp_ratio, pool_k16_lora_sample_ratio (LoRA
@@ -120,6 +124,7 @@ def bench_size(
     remat: str,
     compute_dtype: str = "float32",
     rollout_dtype: str = "float32",
+    rates: dict | None = None,
 ):
     import dataclasses
 
@@ -202,6 +207,19 @@ def bench_size(
     emit(figure="peak_rss_mb", value=round(mem["memory/host_peak_rss_mb"], 1), **common)
     if "memory/device_peak_mb" in mem:
         emit(figure="device_peak_mb", value=round(mem["memory/device_peak_mb"], 1), **common)
+    if rates:  # after the peak: the decode step beside its floor, the prefill timed as the sampler runs it
+        from experiments.bench_phases import decode_floor_s, median_time
+
+        model = sampling.rollout_config(cfg, rollout_dtype)
+        prefill = sampling.with_rollout_weights(
+            lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, G, T), cfg, rollout_dtype
+        )
+        prefill_s = median_time(prefill, state.params, prompt, pmask, reps=5)
+        decode_s = (statistics.median(samp) - prefill_s) / T  # every row decodes T tokens (no EOS here)
+        floor_s = decode_floor_s(cfg, B, G, P, T, rollout_dtype, rates)
+        emit(figure="prefill_s", value=round(prefill_s, 4), **common)
+        emit(figure="decode_per_token_s", value=round(decode_s, 5), floor_s=round(floor_s, 5), **common)
+        emit(figure="decode_fraction_of_floor", value=round(floor_s / decode_s, 3), **common)
 
 
 def bench_pool(peak: float | None, k: int = 16):
@@ -302,6 +320,7 @@ def main(argv):
         remat,
         compute_dtype=FLAGS.compute_dtype,
         rollout_dtype=FLAGS.rollout_dtype,
+        rates=rates,
     )
 
 

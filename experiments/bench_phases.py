@@ -52,6 +52,25 @@ PEER_PROMPTS = (  # hand-written for this benchmark: short coding requests
 )
 
 
+def decode_floor_s(cfg, b: int, group: int, p: int, n_dec: float, rollout_dtype: str, rates: dict) -> float:
+    """The floor of one decode step of b prompts x `group` samples (p prompt tokens, n_dec decode steps): the
+    larger of its matmul FLOPs (every row at the mean context p + n_dec / 2) at the rollout dtype's matmul
+    rate and the bytes it must read at the measured bandwidth: every weight it multiplies by once (the
+    layers and the LM head; the embedding table is gathered by rows, and a tied head is that table read
+    once) and the KV cache at its mean length (the prompt part once per group), 4 bytes an item in float32
+    and 2 below it (the ideal: the bf16 sampler keeps its completion cache in float32, tfm.KVCache, so its
+    own reads are larger)."""
+    rows = b * group
+    f32 = rollout_dtype == "float32"
+    rate = rates["matmul_gflops"] if f32 else rates.get("matmul_bf16_gflops", rates["matmul_gflops"])
+    flops = rows * cfg.matmul_flops_per_token(p + n_dec / 2)
+    table = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model  # the untied embedding table
+    w_read = (cfg.num_params() - table) * (4 if f32 else 2)
+    kv_item = 4 if f32 else 2
+    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * kv_item * (b * p + rows * n_dec / 2)
+    return max(flops / (rate * 1e9), (w_read + kv_bytes) / (rates["bandwidth_gbs"] * 1e9))
+
+
 def median_time(f, *args, reps: int = 10) -> float:
     """Median seconds of `reps` calls of the jitted f(*args), after one untimed call (compile, warm-up)."""
     import jax
@@ -232,21 +251,15 @@ def bench_peer(
     peak_roll = peak32 if rollout_dtype == "float32" else rate16
     n_param = cfg.num_params()
     w_bytes = n_param * 4
-    # the sampler reads its own copy of the weights: float32, or bf16 plus a [V, D] head copy
-    w_read = w_bytes if rollout_dtype == "float32" else (n_param + cfg.vocab_size * cfg.d_model) * 2
-    rows_dec = b * group
-    ctx = p + n_dec / 2  # the mean context of a decode step
     f_prefill = b * p * cfg.matmul_flops_per_token(p // 2)
-    f_decode = rows_dec * cfg.matmul_flops_per_token(ctx)  # per decode step
-    kv_item = 4 if rollout_dtype == "float32" else 2
-    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * kv_item * (b * p + rows_dec * n_dec / 2)
+    f_decode = b * group * cfg.matmul_flops_per_token(p + n_dec / 2)  # per decode step
     tok_comp = float(np.mean(tokens))  # completion tokens actually sampled per step
     f_fwd = b * p * cfg.matmul_flops_per_token(p // 2) + b * group * max_new * cfg.matmul_flops_per_token(
         p + max_new // 2
     )  # the train step's forward over the padded [B, G, max_new] completions (prompt once per group)
     floors = {
         "prefill": f_prefill / peak_roll,
-        "decode_per_token": max(f_decode / peak_roll, (w_read + kv_bytes) / bw),
+        "decode_per_token": decode_floor_s(cfg, b, group, p, n_dec, rollout_dtype, rates),
         "reference_forward": f_fwd / peak,
         "policy_forward_backward": 3 * f_fwd / peak,
         "optimizer": 7 * w_bytes / bw,  # AdamW reads params, grads, m, v and writes params, m, v
