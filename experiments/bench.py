@@ -120,11 +120,10 @@ def bench_size(
     G: int,
     P: int,
     T: int,
-    peak: float | None,
+    rates: dict | None,
     remat: str,
     compute_dtype: str = "float32",
     rollout_dtype: str = "float32",
-    rates: dict | None = None,
 ):
     import dataclasses
 
@@ -201,20 +200,19 @@ def bench_size(
     emit(figure="step_gflop", value=round(flops / 1e9, 2), **common)
     emit(figure="step_gflop_unshared", value=round(unshared / 1e9, 2), **common)
     emit(figure="achieved_gflops", value=round(flops / step_s / 1e9, 2), **common)
-    if peak:
+    if rates:
+        peak = rates["matmul_gflops"]
         emit(figure="fraction_of_matmul_peak", value=round(flops / step_s / 1e9 / peak, 3), **common)
     mem = memory_metrics()  # accelerators: also the device allocator's peak (CPU: none)
     emit(figure="peak_rss_mb", value=round(mem["memory/host_peak_rss_mb"], 1), **common)
     if "memory/device_peak_mb" in mem:
         emit(figure="device_peak_mb", value=round(mem["memory/device_peak_mb"], 1), **common)
     if rates:  # after the peak: the decode step beside its floor, the prefill timed as the sampler runs it
-        from experiments.bench_phases import decode_floor_s, median_time
+        from experiments.bench_phases import decode_floor_s, median_time, sampler_prefill
 
-        model = sampling.rollout_config(cfg, rollout_dtype)
-        prefill = sampling.with_rollout_weights(
-            lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, G, T), cfg, rollout_dtype
+        prefill_s = median_time(
+            sampler_prefill(cfg, rollout_dtype, G, T), state.params, prompt, pmask, reps=5
         )
-        prefill_s = median_time(prefill, state.params, prompt, pmask, reps=5)
         decode_s = (statistics.median(samp) - prefill_s) / T  # every row decodes T tokens (no EOS here)
         floor_s = decode_floor_s(cfg, B, G, P, T, rollout_dtype, rates)
         emit(figure="prefill_s", value=round(prefill_s, 4), **common)
@@ -316,11 +314,10 @@ def main(argv):
         FLAGS.group,
         FLAGS.prompt_len,
         FLAGS.new_tokens,
-        peak,
+        rates,
         remat,
         compute_dtype=FLAGS.compute_dtype,
         rollout_dtype=FLAGS.rollout_dtype,
-        rates=rates,
     )
 
 

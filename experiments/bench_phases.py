@@ -52,6 +52,26 @@ PEER_PROMPTS = (  # hand-written for this benchmark: short coding requests
 )
 
 
+def decode_step_flops(cfg, b: int, group: int, p: int, n_dec: float) -> float:
+    """Matmul FLOPs of one decode step of b prompts x `group` samples, every row at the mean context
+    p + n_dec / 2 (p prompt tokens, n_dec decode steps)."""
+    return b * group * cfg.matmul_flops_per_token(p + n_dec / 2)
+
+
+def sampler_prefill(cfg, rollout_dtype: str, group: int, max_new: int):
+    """A jitted prefill(params, prompt, prompt_mask) run as the sampler runs it: below float32 the weights are
+    cast by a jitted call of their own (`sampling.with_rollout_weights`), then the prefill runs on the cast
+    copy (one jit for both would let XLA fold the cast into the prefill's products, which the sampler never
+    runs)."""
+    from grpo_jax.policies import sampling
+    from grpo_jax.policies import transformer as tfm
+
+    model = sampling.rollout_config(cfg, rollout_dtype)
+    return sampling.with_rollout_weights(
+        lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, group, max_new), cfg, rollout_dtype
+    )
+
+
 def decode_floor_s(cfg, b: int, group: int, p: int, n_dec: float, rollout_dtype: str, rates: dict) -> float:
     """The floor of one decode step of b prompts x `group` samples (p prompt tokens, n_dec decode steps): the
     larger of its matmul FLOPs (every row at the mean context p + n_dec / 2) at the rollout dtype's matmul
@@ -60,14 +80,13 @@ def decode_floor_s(cfg, b: int, group: int, p: int, n_dec: float, rollout_dtype:
     once) and the KV cache at its mean length (the prompt part once per group), 4 bytes an item in float32
     and 2 below it (the ideal: the bf16 sampler keeps its completion cache in float32, tfm.KVCache, so its
     own reads are larger)."""
-    rows = b * group
     f32 = rollout_dtype == "float32"
     rate = rates["matmul_gflops"] if f32 else rates.get("matmul_bf16_gflops", rates["matmul_gflops"])
-    flops = rows * cfg.matmul_flops_per_token(p + n_dec / 2)
+    flops = decode_step_flops(cfg, b, group, p, n_dec)
     table = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model  # the untied embedding table
     w_read = (cfg.num_params() - table) * (4 if f32 else 2)
     kv_item = 4 if f32 else 2
-    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * kv_item * (b * p + rows * n_dec / 2)
+    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * kv_item * (b * p + b * group * n_dec / 2)
     return max(flops / (rate * 1e9), (w_read + kv_bytes) / (rates["bandwidth_gbs"] * 1e9))
 
 
@@ -148,7 +167,6 @@ def bench_peer(
 
     from grpo_jax.config import ObjectiveConfig, OptimConfig
     from grpo_jax.policies import sampling
-    from grpo_jax.policies import transformer as tfm
     from grpo_jax.policies.logp import policy_logp_fn
     from grpo_jax.pretrained.api import load_pretrained, load_tokenizer
     from grpo_jax.tokenization.batch import decode_completions, stop_ids
@@ -211,14 +229,7 @@ def bench_peer(
 
     prompt, pmask = batch.prompt, batch.prompt_mask
 
-    # as the sampler runs it: below float32 the weights are cast by a jitted call of their own, then the
-    # prefill runs on the cast copy (one jit for both would let XLA fold the cast into the prefill's products,
-    # which the sampler never runs)
-    model = sampling.rollout_config(cfg, rollout_dtype)
-    prefill = sampling.with_rollout_weights(
-        lambda prm, pr, pm: tfm.prefill(prm, model, pr, pm, group, max_new), cfg, rollout_dtype
-    )
-    prefill_s = timed(prefill, state.params, prompt, pmask)
+    prefill_s = timed(sampler_prefill(cfg, rollout_dtype, group, max_new), state.params, prompt, pmask)
     logits = jax.random.normal(jax.random.PRNGKey(0), (b, group, cfg.vocab_size), jnp.float32)
     choose = jax.jit(lambda lg, k: sampling.choose_tokens(lg, k, sp))
     choose_s = median_time(choose, logits, jax.random.PRNGKey(1), reps=20)
@@ -252,7 +263,7 @@ def bench_peer(
     n_param = cfg.num_params()
     w_bytes = n_param * 4
     f_prefill = b * p * cfg.matmul_flops_per_token(p // 2)
-    f_decode = b * group * cfg.matmul_flops_per_token(p + n_dec / 2)  # per decode step
+    f_decode = decode_step_flops(cfg, b, group, p, n_dec)
     tok_comp = float(np.mean(tokens))  # completion tokens actually sampled per step
     f_fwd = b * p * cfg.matmul_flops_per_token(p // 2) + b * group * max_new * cfg.matmul_flops_per_token(
         p + max_new // 2
