@@ -27,13 +27,18 @@ Compilation: JAX's persistent cache is on (default directory, `--compilation_cac
 first_step_s of a second run of the same size shows the start-up a returning user sees;
 `--compilation_cache=none` measures the cold compile.
 
+Devices: with several (`--cpu_devices=N` splits the CPU backend, the main job's --mesh_cpu_devices; an
+accelerator host's own) tiny / small / smollm2_random run each step data parallel over all of them, the
+state and batch placed as the main job places them (grpo_jax.train.sharding); every figure names `devices`.
+
 Figures per size (tiny / small / smollm2_random): compilation_cache (its directory or
 "off"), first_step_s (compile or cache load included),
 step_s_median (sample + reward + train step), sampling_s_median, sampler_tokens_per_s, non_sampling_s_median
 (the jitted train step: reference forward + policy forward/backward + update), reference_forward_s_median
 (timed alone, for the breakdown), step_gflop (FLOPs executed, with the prompt encoded once per group),
 step_gflop_unshared (what a trainer that repeats the prompt per sample would execute), achieved_gflops,
-fraction_of_matmul_peak, peak_rss_mb (host), device_peak_mb (accelerators only: the device allocator's peak),
+fraction_of_matmul_peak (those FLOPs at the matmul rate of their dtype, float32 or bf16, over the step),
+peak_rss_mb (host), device_peak_mb (accelerators only: the device allocator's peak),
 and with the device's rates (not with --nomatmul alone): prefill_s (the weight cast and the prefill, as the
 sampler runs them), decode_per_token_s = (sampling - prefill) / T with its floor_s
 (experiments.bench_phases.decode_floor_s: the weight copy and the KV cache read at the bandwidth, or the
@@ -99,6 +104,14 @@ flags.DEFINE_integer(
     "smollm2 only: the train step's chunked LM head (--logp_chunk; 0 = full logits).",
     lower_bound=0,
 )
+flags.DEFINE_integer(
+    "cpu_devices",
+    0,
+    "tiny / small / smollm2_random on the CPU backend: split the cores into N JAX devices (the main job's "
+    "--mesh_cpu_devices) and each step's prompts over them, data parallel as the main job's mesh does; 0 = "
+    "JAX's default. On any backend with several devices the step runs data parallel over all of them.",
+    lower_bound=0,
+)
 flags.DEFINE_bool("matmul", True, "Measure the machine's float32 matmul GFLOP/s first.")
 flags.DEFINE_string(
     "compilation_cache",
@@ -151,13 +164,25 @@ def bench_size(
     chunk = 256 if size == "smollm2_random" else 0
     cfg = dataclasses.replace(cfg, remat=remat, logp_chunk=chunk, compute_dtype=compute_dtype)
     state = init_state(jax.device_put(params), obj, optimizer, seed=0)
-    train_step = make_train_step(cfg, obj, optimizer, temperature=1.0)
+    prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
+    pmask = jnp.ones((B, P), jnp.int32)
+    shardings = None
+    if jax.device_count() > 1:  # data parallel over every device, placed as the main job places its state
+        from grpo_jax.train import sharding
+
+        if B % jax.device_count():
+            raise app.UsageError(
+                f"--prompts={B} must be divisible by the {jax.device_count()} devices the step is split over"
+            )
+        mesh = sharding.make_mesh()
+        shardings = (sharding.tree_shardings(state, mesh), sharding.batch_sharding(mesh))
+        state = sharding.put(state, shardings[0])
+        prompt, pmask = sharding.put((prompt, pmask), shardings[1])
+    train_step = make_train_step(cfg, obj, optimizer, temperature=1.0, shardings=shardings)
     sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0, weights_dtype=rollout_dtype)
     sp = sampling.sampling_params(1.0)
     logp = policy_logp_fn(cfg)
     ref_fn = jax.jit(lambda p, pr, pm, c: logp(p, pr, pm, c, 1.0)[0])  # the reference pass alone
-    prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
-    pmask = jnp.ones((B, P), jnp.int32)
 
     def one_step(state, i):
         t0 = time.perf_counter()
@@ -190,6 +215,7 @@ def bench_size(
     flops = fwd + fwd + 3 * fwd  # sampling, reference, policy fwd+bwd
     unshared = G * fwd_prompt * 5 + fwd_comp * 5
     common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
+    common.update(devices=jax.device_count())
     common.update(remat=remat, compute_dtype=compute_dtype, rollout_dtype=rollout_dtype)
     emit(figure="first_step_s", value=round(first, 3), **common)
     emit(figure="step_s_median", value=round(step_s, 3), **common)
@@ -200,9 +226,10 @@ def bench_size(
     emit(figure="step_gflop", value=round(flops / 1e9, 2), **common)
     emit(figure="step_gflop_unshared", value=round(unshared / 1e9, 2), **common)
     emit(figure="achieved_gflops", value=round(flops / step_s / 1e9, 2), **common)
-    if rates:
-        peak = rates["matmul_gflops"]
-        emit(figure="fraction_of_matmul_peak", value=round(flops / step_s / 1e9 / peak, 3), **common)
+    if rates:  # the step's FLOPs at the matmul rate of their dtype (sampling: rollout, the rest: compute)
+        rate = {"float32": rates["matmul_gflops"], "bfloat16": rates["matmul_bf16_gflops"]}
+        at_peak_s = (fwd / rate[rollout_dtype] + 4 * fwd / rate[compute_dtype]) / 1e9
+        emit(figure="fraction_of_matmul_peak", value=round(at_peak_s / step_s, 3), **common)
     mem = memory_metrics()  # accelerators: also the device allocator's peak (CPU: none)
     emit(figure="peak_rss_mb", value=round(mem["memory/host_peak_rss_mb"], 1), **common)
     if "memory/device_peak_mb" in mem:
@@ -255,6 +282,13 @@ def main(argv):
     from grpo_jax.train import compile_cache
 
     cache_dir = compile_cache.enable(FLAGS.compilation_cache)  # before the first compilation
+    if FLAGS.cpu_devices and FLAGS.size not in ("tiny", "small", "smollm2_random"):
+        raise app.UsageError(
+            f"--cpu_devices applies to --size=tiny, small or smollm2_random, not --size={FLAGS.size}"
+        )
+    from grpo_jax.train import sharding
+
+    sharding.set_cpu_devices(FLAGS.cpu_devices)  # before anything touches a device
     rates = None
     if FLAGS.matmul:
         import jax

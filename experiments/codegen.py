@@ -48,11 +48,12 @@ def main(argv):
         print(json.dumps(cfg.to_json(), indent=1))
         return
 
-    from grpo_jax.train import distributed
+    from grpo_jax.train import distributed, sharding
 
-    try:  # join the other processes first: nothing may touch a JAX device before this
+    try:  # the CPU device count and joining the other processes first: nothing may touch a device before
+        sharding.set_cpu_devices(cfg.mesh.cpu_devices)
         distributed.initialize(cfg.dist)
-    except distributed.PeerLost as e:
+    except (distributed.PeerLost, sharding.MeshError) as e:
         cli.fail(str(e))
 
     from grpo_jax.sandbox.executor import Executor

@@ -1721,9 +1721,17 @@ class MeshConfig:
     data: int = opt(-1, "Data-parallel axis size (-1 = every device not used by the fsdp and tensor axes).")
     fsdp: int = opt(1, "Parameter-sharding (FSDP / ZeRO-3) axis size; also splits the batch.")
     tensor: int = opt(1, "Tensor-parallel (Megatron) axis size.")
+    cpu_devices: int = opt(
+        0,
+        "CPU backend only: split this process's cores into N JAX devices (jax_num_cpu_devices), so the "
+        "mesh runs N shards side by side; 0 = JAX's default (one device, or "
+        "--xla_force_host_platform_device_count). Pays off where single-threaded small ops dominate (the "
+        "tiny model's sampler), not on SmolLM2.",
+    )
 
     def __post_init__(self):
         _positive(self, ("fsdp", "tensor"))
+        _positive(self, ("cpu_devices",), strict=False)
         if self.data != -1 and self.data < 1:
             fail(self, "data", "must be >= 1, or -1 for every device not used by fsdp x tensor")
 
@@ -1818,6 +1826,7 @@ RESUMABLE_CHANGES = (
     "mesh.data",
     "mesh.fsdp",
     "mesh.tensor",
+    "mesh.cpu_devices",
     "dist.cluster",
     "dist.coordinator",
     "dist.num_processes",

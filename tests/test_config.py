@@ -115,6 +115,7 @@ def test_trl_default_keeps_its_recipe_over_the_quickstart():
         (["--async_rewards"], "--async_rewards=true: replayed and asynchronous rollouts are off-policy"),
         (["--mesh_data=0"], "--mesh_data=0: must be >= 1, or -1 for every device"),
         (["--mesh_tensor=0"], "--mesh_tensor=0: must be > 0"),
+        (["--mesh_cpu_devices=-1"], "--mesh_cpu_devices=-1: must be >= 0"),
         (["--dist_num_processes=2"], "--dist_num_processes=2: needs --dist_coordinator=HOST:PORT"),
         (["--dist_coordinator=localhost"], "--dist_coordinator=localhost: must be HOST:PORT"),
         (

@@ -1,6 +1,7 @@
 """The main job on several devices and processes (launch/local.py, jax.distributed with gloo on 127.0.0.1):
-the same final parameters (<= 1e-6) and metrics as on one device for 1 process x 4 devices (data x tensor,
-with the chunked LM head) and 2 processes x 2 devices (data x fsdp). The 2-process run is the one whose
+the same final parameters (<= 1e-6) and metrics as on one device for 1 process x 4 devices (data x
+tensor, with the chunked LM head; the devices made by --mesh_cpu_devices) and 2 processes x 2 devices (data x
+fsdp). The 2-process run is the one whose
 process 1 is SIGKILLed after its step-1 checkpoint: process 0 ends with an error naming it, and the same
 command resumes and ends where one device ends (a resume that drew other samples or lost the optimizer state
 would be far outside 1e-6; the single-process resume is bit-exact, tests/test_codegen_e2e.py)."""
@@ -34,7 +35,7 @@ def _env(devices: int | None = None) -> dict:
     return env
 
 
-def _single(wd: Path, devices: int = 1, *flags: str) -> subprocess.CompletedProcess:
+def _single(wd: Path, devices: int | None = 1, *flags: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "experiments.codegen", FLAGS, f"--workdir={wd}", *flags]
     return subprocess.run(cmd, cwd=ROOT, env=_env(devices), capture_output=True, text=True, timeout=600)
 
@@ -96,8 +97,11 @@ def runs(tmp_path_factory):
     with mainjob.executor() as ex:
         mainjob.run(FLAGS, workdir=base / "1x1", executor=ex)
     wd = base / "1x4"
-    # the tensor mesh with the chunked LM head (policies/logp.py), which then runs sharded too
-    _ok(_single(wd, 4, "--mesh_tensor=2", "--logp_chunk=4"), wd)
+    # the tensor mesh with the chunked LM head (policies/logp.py), which then runs sharded too; the 4 CPU
+    # devices by the main job's own flag (the 2-process test below forces them by XLA_FLAGS)
+    proc = _single(wd, None, "--mesh_cpu_devices=4", "--mesh_tensor=2", "--logp_chunk=4")
+    _ok(proc, wd)
+    assert "mesh: data 2 x fsdp 1 x tensor 2 over 4 cpu devices in 1 process(es)" in proc.stdout
     return {"1x1": base / "1x1", "1x4 data2 tensor2 chunked head": wd}
 
 

@@ -67,6 +67,24 @@ def mesh_shape(n_devices: int, data: int = -1, fsdp: int = 1, tensor: int = 1) -
     return data, fsdp, tensor
 
 
+def set_cpu_devices(n: int) -> None:
+    """Split the CPU backend into `n` devices (jax_num_cpu_devices; 0 = leave JAX's default). XLA:CPU runs one
+    program's ops one after another, many of them (small products, reductions, the sampler's per-token work)
+    on one thread; n devices each run their shard of a data-parallel step at the same time. Must run before
+    JAX touches a device; raises MeshError naming the flag otherwise."""
+    if n < 0:
+        raise MeshError(f"--mesh_cpu_devices={n}: must be >= 0 (0 = JAX's default)")
+    if n == 0:
+        return
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError as e:
+        raise MeshError(
+            f"--mesh_cpu_devices={n} must be set before JAX initialises its devices (at the process's "
+            f"start): {str(e).splitlines()[0]}"
+        ) from None
+
+
 def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
     """A (data, fsdp, tensor) mesh over `devices` (default: every device of every process)."""
     devices = list(devices if devices is not None else jax.devices())
