@@ -28,8 +28,9 @@ first_step_s of a second run of the same size shows the start-up a returning use
 `--compilation_cache=none` measures the cold compile.
 
 Devices: with several (`--cpu_devices=N` splits the CPU backend, the main job's --mesh_cpu_devices; an
-accelerator host's own) tiny / small / smollm2_random run each step data parallel over all of them, the
-state and batch placed as the main job places them (grpo_jax.train.sharding); every figure names `devices`.
+accelerator host's own) tiny / small / smollm2_random run each step data parallel over all of them (on an
+accelerator host, over as many as divide --prompts, with a note), the state and batch placed as the main job
+places them (grpo_jax.train.sharding); every figure names its `devices`.
 
 Figures per size (tiny / small / smollm2_random): compilation_cache (its directory or
 "off"), first_step_s (compile or cache load included),
@@ -109,7 +110,8 @@ flags.DEFINE_integer(
     0,
     "tiny / small / smollm2_random on the CPU backend: split the cores into N JAX devices (the main job's "
     "--mesh_cpu_devices) and each step's prompts over them, data parallel as the main job's mesh does; 0 = "
-    "JAX's default. On any backend with several devices the step runs data parallel over all of them.",
+    "JAX's default. On any backend with several devices the step runs data parallel over them (as many as "
+    "divide --prompts).",
     lower_bound=0,
 )
 flags.DEFINE_bool("matmul", True, "Measure the machine's float32 matmul GFLOP/s first.")
@@ -137,6 +139,7 @@ def bench_size(
     remat: str,
     compute_dtype: str = "float32",
     rollout_dtype: str = "float32",
+    cpu_devices: int = 0,
 ):
     import dataclasses
 
@@ -167,14 +170,16 @@ def bench_size(
     prompt = jax.random.randint(jax.random.PRNGKey(1), (B, P), 2, cfg.vocab_size)
     pmask = jnp.ones((B, P), jnp.int32)
     shardings = None
-    if jax.device_count() > 1:  # data parallel over every device, placed as the main job places its state
+    n = jax.device_count()
+    if cpu_devices > 1 and B % n:
+        raise app.UsageError(f"--prompts={B} must be divisible by --cpu_devices={cpu_devices}")
+    used = max(d for d in range(1, n + 1) if B % d == 0)  # an accelerator host: as many as divide B
+    if used < n:
+        print(f"note: the step runs on {used} of {n} devices (--prompts={B} split evenly)", file=sys.stderr)
+    if used > 1:  # data parallel, the state and batch placed as the main job places them
         from grpo_jax.train import sharding
 
-        if B % jax.device_count():
-            raise app.UsageError(
-                f"--prompts={B} must be divisible by the {jax.device_count()} devices the step is split over"
-            )
-        mesh = sharding.make_mesh()
+        mesh = sharding.make_mesh(devices=jax.devices()[:used])
         shardings = (sharding.tree_shardings(state, mesh), sharding.batch_sharding(mesh))
         state = sharding.put(state, shardings[0])
         prompt, pmask = sharding.put((prompt, pmask), shardings[1])
@@ -215,7 +220,7 @@ def bench_size(
     flops = fwd + fwd + 3 * fwd  # sampling, reference, policy fwd+bwd
     unshared = G * fwd_prompt * 5 + fwd_comp * 5
     common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
-    common.update(devices=jax.device_count())
+    common.update(devices=used)
     common.update(remat=remat, compute_dtype=compute_dtype, rollout_dtype=rollout_dtype)
     emit(figure="first_step_s", value=round(first, 3), **common)
     emit(figure="step_s_median", value=round(step_s, 3), **common)
@@ -352,6 +357,7 @@ def main(argv):
         remat,
         compute_dtype=FLAGS.compute_dtype,
         rollout_dtype=FLAGS.rollout_dtype,
+        cpu_devices=FLAGS.cpu_devices,
     )
 
 
