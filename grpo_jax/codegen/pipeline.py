@@ -32,9 +32,10 @@ from grpo_jax.tokenization.batch import decode_completions
 
 # sample_fn(prompt [b, P], prompt_mask [b, P], n, greedy) -> (tokens [b, n, T], mask [b, n, T])
 SampleFn = Callable[[np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
-# turns(problems [b], prompt, prompt_mask, tokens [b, n, T], mask, n, greedy) -> the turn at which each of the
-# b * n samples passed (0: none), for multi-turn evaluation; `.max_turns` (grpo_jax.train.multiturn.EvalTurns)
-TurnsFn = Callable[..., np.ndarray]
+# turns(problems [b], prompt, prompt_mask, tokens [b, n, T], mask, n, greedy) -> (the turn at which each of
+# the b * n samples passed (0: none), each sample's later turns: a list of dicts), for multi-turn evaluation;
+# `.max_turns` (grpo_jax.train.multiturn.EvalTurns)
+TurnsFn = Callable[..., tuple[np.ndarray, list]]
 
 
 DEFAULT_INSTRUCTION = (
@@ -228,11 +229,12 @@ def _batched_samples(
     greedy: bool,
     fmt: PromptFormat,
     turns: TurnsFn | None = None,
-) -> tuple[list[str], np.ndarray | None]:
+) -> tuple[list[str], np.ndarray | None, list | None]:
     """Problem-major completion texts (n per problem) and, with `turns`, the turn at which each sample passed
-    [len(problems) * n], sampled in the batches of `plan` (plan_batches)."""
+    [len(problems) * n] and each sample's later turns, sampled in the batches of `plan` (plan_batches)."""
     texts: list[str] = [""] * (len(problems) * n)
     passed_turn = None if turns is None else np.zeros(len(problems) * n, np.int64)
+    later = None if turns is None else [[] for _ in texts]
     for ids, plen, rows in plan:
         chunk = [problems[i] for i in ids]
         real = len(chunk)
@@ -240,12 +242,13 @@ def _batched_samples(
         prompt, pmask = encode_prompts(tok, chunk, plen, fmt)
         tokens, mask = sample_fn(prompt, pmask, n, greedy)
         out = decode_completions(tok, np.asarray(tokens)[:real], np.asarray(mask)[:real])
-        pt = None if turns is None else turns(chunk, prompt, pmask, tokens, mask, n, greedy)
+        pt, lt = (None, None) if turns is None else turns(chunk, prompt, pmask, tokens, mask, n, greedy)
         for j, i in enumerate(ids):
             texts[i * n : (i + 1) * n] = out[j * n : (j + 1) * n]
             if pt is not None:
                 passed_turn[i * n : (i + 1) * n] = pt[j * n : (j + 1) * n]
-    return texts, passed_turn
+                later[i * n : (i + 1) * n] = lt[j * n : (j + 1) * n]
+    return texts, passed_turn, later
 
 
 def evaluate(
@@ -281,7 +284,8 @@ def evaluate(
     details: a dict to receive what the metrics were computed from (nothing else changes):
     "greedy" = (texts [B], verdicts [B]) and, when sampled, "sampled" = (texts [B * n_samples], verdicts),
     problem-major; texts are the model's replies (completion_for turns one into the graded completion);
-    with `turns`, "greedy_turn" / "sampled_turn", the turn at which each passed (0: none).
+    with `turns`, "greedy_turn" / "sampled_turn", the turn at which each passed (0: none), and
+    "greedy_later" / "sampled_later", each sample's later turns (TurnsFn).
     turns: multi-turn execution feedback (grpo_jax.train.multiturn.EvalTurns): the same metrics after each
     turn t as "turn{t}/pass@1" (greedy) and "turn{t}/pass@k" (sampled), with "fix_rate" (greedy: of the
     problems that failed turn 1, the fraction a later turn passed); the plain keys stay turn 1's.
@@ -296,13 +300,15 @@ def evaluate(
     if plan is None:  # one plan (prompts tokenized once) for both passes
         plan = plan_batches(tok, problems, prompt_len, batch, fmt, max_batch_tokens)
 
-    greedy_texts, greedy_turn = _batched_samples(sample_fn, tok, problems, plan, 1, True, fmt, turns)
+    greedy_texts, greedy_turn, greedy_later = _batched_samples(
+        sample_fn, tok, problems, plan, 1, True, fmt, turns
+    )
     grade = dict(deadline_s=deadline_s, fmt=fmt, stop_on_failure=stop_on_failure)
     greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, **grade)
     if details is not None:
         details["greedy"] = (greedy_texts, greedy_verdicts)
         if greedy_turn is not None:
-            details["greedy_turn"] = greedy_turn
+            details["greedy_turn"], details["greedy_later"] = greedy_turn, greedy_later
     greedy_ok = greedy_r[:, 0]
     out["pass@1"] = float(greedy_ok.mean())
     if greedy_turn is not None:
@@ -315,14 +321,14 @@ def evaluate(
         out[f"level{lv}/pass@1"] = float(greedy_ok[level_of == lv].mean())
 
     if n_samples > 0 and ks:
-        texts, turn = _batched_samples(sample_fn, tok, problems, plan, n_samples, False, fmt, turns)
+        texts, turn, later = _batched_samples(sample_fn, tok, problems, plan, n_samples, False, fmt, turns)
         if turn is not None:
             out.update(_turn_metrics(turn, n_samples, [k for k in ks if k > 1], turns.max_turns))
         verdicts, r = score_completions(executor, problems, texts, n_samples, **grade)
         if details is not None:
             details["sampled"] = (texts, verdicts)
             if turn is not None:
-                details["sampled_turn"] = turn
+                details["sampled_turn"], details["sampled_later"] = turn, later
         correct = r.sum(axis=1).astype(int)
         out["pass@1/sampled"] = float(np.mean([pass_at_k(n_samples, c, 1) for c in correct]))
         for k in ks:

@@ -65,10 +65,21 @@ class MultiTurn:
     jobs in its sandbox."""
 
     def __init__(
-        self, sampler, grader: Grader, tok, fmt, *, max_turns, feedback_tokens, max_new, discount=1.0
+        self,
+        sampler,
+        grader: Grader,
+        tok,
+        fmt,
+        *,
+        max_turns,
+        feedback_tokens,
+        max_new,
+        discount=1.0,
+        record=False,
     ):
         self.sampler, self.grader, self.tok, self.fmt = sampler, grader, tok, fmt
         self.K, self.F, self.T, self.discount = max_turns, feedback_tokens, max_new, discount
+        self.record = record  # keep each row's later turns as text (counts["later"]: the evaluator's files)
 
     @classmethod
     def from_rollout(cls, sampler, grader: Grader, tok, fmt, ro, max_turns: int | None = None) -> MultiTurn:
@@ -134,6 +145,10 @@ class MultiTurn:
                 fb_tok[j, : len(ids)], fb_mask[j, : len(ids)] = ids, 1
             for r, ids in zip(rows, fb, strict=True):
                 tr.append(r, ids)
+                if self.record:  # the feedback turn as the model saw it (its template's tokens included)
+                    tr.later[r].append(
+                        {"turn": k, "feedback": self.tok.decode(list(ids), skip_special=False)}
+                    )
             tr.counts["fb"] += sum(len(ids) for ids in fb)
             t0 = time.perf_counter()
             key_k = rng_lib.derive(key, f"turn/{k}")
@@ -189,6 +204,7 @@ class _Trajectories:
         self.passed = np.asarray([v.passed for v in self.verdicts])
         self.turns = np.ones(N, np.int64)
         self.replies = list(grades.texts)
+        self.later: list[list[dict]] = [[] for _ in range(N)]  # with mt.record: turns 2.. of each row
         self.row_problem = [problems[r // G] for r in range(N)]
         c = {"rows": N, "passed": np.zeros(K), "len": np.zeros(K), "turn_rows": np.zeros(K), "fb": 0.0}
         c["passed"][0], c["len"][0], c["turn_rows"][0] = self.passed.sum(), self.length.sum(), N
@@ -215,6 +231,8 @@ class _Trajectories:
         self.t_grade += time.perf_counter() - t0
         for j, r in enumerate(rows):
             self.verdicts[r], self.replies[r], self.passed[r] = v[j], texts[j], v[j].passed
+            if self.mt.record:
+                self.later[r][-1].update(reply=texts[j], passed=bool(v[j].passed), status=v[j].status.value)
         self.counts["passed"][k - 1] = self.passed.sum()
         self.counts["len"][k - 1], self.counts["turn_rows"][k - 1] = mk.sum(), len(rows)
 
@@ -225,6 +243,8 @@ class _Trajectories:
         c["turns"] = float(turns.sum())
         c["fixed"] = float(np.sum(passed & (turns > 1)))
         c["failed_first"] = float(N - c["passed"][0])
+        if self.mt.record:
+            c["later"] = self.later
         B, G = len(self.problems), N // len(self.problems)
         rewards = trajectory_rewards(passed, turns, discount).reshape(B, G)
         out = SampleOutput(
@@ -265,7 +285,8 @@ class EvalTurns:
     """The later turns of a held-out evaluation (`pipeline.evaluate(..., turns=EvalTurns(...))`): called with
     each batch's turn-1 samples, it runs turns 2..K on the failed ones with the evaluation's sampling
     (greedy, or `ro`'s temperature / top-k / top-p, as turn 1; keys derived from `key` per call) and returns
-    the turn at which each sample passed (0: none)."""
+    the turn at which each sample passed (0: none) and each sample's later turns as text: a list per sample of
+    {"turn", "feedback" (as the model saw it), "reply", "passed", "status"} (empty when turn 1 passed)."""
 
     def __init__(self, model, tok, fmt, executor, sandbox, ro, params, key, max_turns=None):
         self.tok, self.fmt, self.executor, self.sandbox, self.ro = tok, fmt, executor, sandbox, ro
@@ -287,7 +308,9 @@ class EvalTurns:
     def continue_from_cache(self, params, rc, tokens, mask, key):
         return self.cont.extend_decode(params, rc, tokens, mask, key, self.sp)
 
-    def __call__(self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool) -> np.ndarray:
+    def __call__(
+        self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool
+    ) -> tuple[np.ndarray, list]:
         self.calls, self.sp = self.calls + 1, self.modes[greedy]
         grader = Grader(
             self.executor, self.sandbox, self.tok, self.fmt, group=n, num_tests=num_tests(problems)
@@ -297,8 +320,10 @@ class EvalTurns:
         first = SampleOutput(tokens, np.zeros(mask.shape, np.float32), mask, None, ~ended)
         grades = grader.grade(problems, tokens, mask)
         mt = MultiTurn.from_rollout(self, grader, self.tok, self.fmt, self.ro, self.max_turns)
+        mt.record = True
         key = rng_lib.derive(self.key, self.calls)
-        return mt.run(self.params, problems, prompt, pmask, first, grades, key)[2]["passed_turn"]
+        counts = mt.run(self.params, problems, prompt, pmask, first, grades, key)[2]
+        return counts["passed_turn"], counts["later"]
 
 
 def eval_turns(run, params, key) -> EvalTurns | None:
