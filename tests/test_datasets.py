@@ -168,6 +168,52 @@ def test_humaneval_canonical_pass_and_wrong_fail(ex):
     assert not passed_bad
 
 
+def test_humaneval_docstring_examples_are_public_tests_the_canonical_passes(ex):
+    """The docstring's doctest examples become public tests (multi-turn feedback shows them; grading stays on
+    check(candidate)): literal cases, then every canonical solution passes its examples in the sandbox (the
+    run execution feedback makes, feedback.public_jobs) and a made-wrong one fails them. Three examples the
+    canonical solutions contradict (datasets.HUMANEVAL_WRONG_EXAMPLES) are left out; this run finds any
+    other such example."""
+    from grpo_jax.codegen import feedback
+
+    probs = datasets.load_humaneval()
+    by = {q.task_id: q for q in probs}
+    assert by["HumanEval/0"].public_tests == (
+        TC(
+            call="has_close_elements([1.0, 2.0, 3.0], 0.5)",
+            expected=False,
+            source=">>> has_close_elements([1.0, 2.0, 3.0], 0.5)",
+        ),
+        TC(
+            call="has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)",
+            expected=True,
+            source=">>> has_close_elements([1.0, 2.8, 3.0, 4.0, 5.0, 2.0], 0.3)",
+        ),
+    )
+    # an escape inside a string example stays in it; `>>> CALL == LITERAL` without an output line
+    assert by["HumanEval/51"].public_tests[1].call == 'remove_vowels("abcdef\\nghijklm")'
+    assert by["HumanEval/51"].public_tests[1].expected == "bcdf\nghjklm"
+    assert [(t.call, t.expected) for t in by["HumanEval/108"].public_tests] == [
+        ("count_nums([])", 0),
+        ("count_nums([-1, 11, -11])", 1),
+        ("count_nums([1, 1, 2])", 3),
+    ]
+    # skipped: no output (12's `longest([])`), a non-literal output line, a call wrapped in round() (32)
+    assert len(by["HumanEval/12"].public_tests) == 2 and by["HumanEval/32"].public_tests == ()
+    assert all(q.graded_public is False and q.hidden_tests == q.tests for q in probs)
+    with_examples = [q for q in probs if q.public_tests]
+    assert (len(with_examples), sum(len(q.public_tests) for q in with_examples)) == (74, 175)
+    # the dataset's wrong examples (errata) are left out: 47 keeps its right one, 116 has none left
+    assert [t.call for t in by["HumanEval/47"].public_tests] == ["median([3, 1, 2, 4, 5])"]
+    assert by["HumanEval/116"].public_tests == ()
+    programs = [q.reference for q in with_examples]
+    good = ex.run(feedback.public_jobs(with_examples, programs))
+    assert [q.task_id for q, v in zip(with_examples, good, strict=True) if not v.passed] == []
+    wrong = [q.reference + WRONG.format(name=q.entry_point) for q in with_examples]
+    bad = ex.run(feedback.public_jobs(with_examples, wrong))
+    assert [q.task_id for q, v in zip(with_examples, bad, strict=True) if v.passed] == []
+
+
 # MBPP's "made wrong" variant: the reference runs, then the entry point is redefined to call it and return an
 # object that no test can accept (not plain data; every conversion, comparison or access on it raises).
 MBPP_WRONG = """

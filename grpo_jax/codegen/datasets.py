@@ -16,12 +16,13 @@
 from __future__ import annotations
 
 import ast
+import doctest
 import gzip
 import importlib.util
 import json
 from pathlib import Path
 
-from grpo_jax.problem import Problem
+from grpo_jax.problem import Problem, TestCase
 from grpo_jax.sandbox.asserts import defined_names, split_assert, split_check
 from grpo_jax.sandbox.asserts import parse as _parse
 
@@ -58,6 +59,18 @@ def read_jsonl(path: str | Path) -> list[dict]:
     return rows
 
 
+# HumanEval docstring examples that the task's own canonical solution and check() contradict (errata of the
+# published data): never public tests, so feedback never asks for them. tests/test_datasets.py runs every
+# canonical solution on its examples in the sandbox; these were the failures.
+HUMANEVAL_WRONG_EXAMPLES = frozenset(
+    {
+        ("HumanEval/47", "median([-10, 4, 6, 1000, 10, 20])"),  # the median is 8.0; the docstring says 15.0
+        ("HumanEval/116", "sort_array([1, 5, 2, 3, 4])"),  # check() orders by the count of ones first
+        ("HumanEval/116", "sort_array([-2, -3, -4, -5, -6])"),
+    }
+)
+
+
 def humaneval_problem(row: dict) -> Problem:
     """HumanEval's `check(candidate)` split per assert (`asserts.split_check`): the asserts with a supported
     shape are parent-graded tests with `candidate` bound to the entry point; loops, helpers and asserts on
@@ -75,11 +88,60 @@ def humaneval_problem(row: dict) -> Problem:
         entry_point=entry,
         reference=row["prompt"] + row["canonical_solution"],
         tests=split.tests,
+        # the docstring's examples, which the model sees anyway: multi-turn feedback may show them (grading
+        # stays on check(candidate)'s asserts: graded_public is False)
+        public_tests=tuple(
+            t
+            for t in docstring_examples(row["prompt"], entry)
+            if (str(row["task_id"]), t.call) not in HUMANEVAL_WRONG_EXAMPLES
+        ),
         child_check=child,
         completion_mode="append",
         split="test",
         source="humaneval",
     )
+
+
+def docstring_examples(prompt: str, entry_point: str) -> tuple[TestCase, ...]:
+    """The doctest examples of the entry point's docstring in a human-eval style prompt as parent-graded
+    tests `TestCase(call=CALL, kind="eq", expected=<a Python literal>)`, parsed by stdlib doctest's parser
+    from the docstring as written (escapes such as "a\\nb" stay inside their string). Two shapes are kept:
+    `>>> CALL` followed by its output as a literal, and `>>> CALL == LITERAL` with no output line (how some
+    HumanEval prompts state an example). CALL must be one expression that calls the entry point; statements,
+    printed or non-literal outputs, other functions' examples and anything else are skipped."""
+    try:
+        tree = _parse(prompt + "\n    pass\n")
+    except SyntaxError:
+        return ()
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry_point), None)
+    if fn is None or not fn.body or ast.get_docstring(fn) is None:
+        return ()
+    written = ast.get_source_segment(prompt + "\n    pass\n", fn.body[0].value) or ""
+    quote = '"""' if written.lstrip("rRuU").startswith('"""') else "'''"
+    if quote not in written:
+        return ()
+    doc = written[written.index(quote) + 3 : written.rindex(quote)]
+    try:
+        examples = doctest.DocTestParser().get_examples(doc)
+    except ValueError:  # inconsistent indentation of an example: doctest itself refuses the docstring
+        return ()
+    tests = []
+    for ex in examples:
+        call, want = ex.source.strip(), ex.want.strip()
+        try:
+            expr = ast.parse(call, mode="eval").body
+            if want:
+                expected = ast.literal_eval(want)
+            elif isinstance(expr, ast.Compare) and len(expr.ops) == 1 and isinstance(expr.ops[0], ast.Eq):
+                expected = ast.literal_eval(expr.comparators[0])
+                call, expr = ast.unparse(expr.left), expr.left
+            else:
+                continue
+        except (SyntaxError, ValueError, TypeError, MemoryError, RecursionError):
+            continue
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Name) and expr.func.id == entry_point:
+            tests.append(TestCase(call=call, kind="eq", expected=expected, source=f">>> {ex.source.strip()}"))
+    return tuple(tests)
 
 
 def prompt_helpers(prompt: str, entry_point: str) -> str:
