@@ -139,7 +139,6 @@ def bench_size(
     remat: str,
     compute_dtype: str = "float32",
     rollout_dtype: str = "float32",
-    cpu_devices: int = 0,
 ):
     import dataclasses
 
@@ -171,8 +170,6 @@ def bench_size(
     pmask = jnp.ones((B, P), jnp.int32)
     shardings = None
     n = jax.device_count()
-    if cpu_devices > 1 and B % n:
-        raise app.UsageError(f"--prompts={B} must be divisible by --cpu_devices={cpu_devices}")
     used = max(d for d in range(1, n + 1) if B % d == 0)  # an accelerator host: as many as divide B
     if used < n:
         print(f"note: the step runs on {used} of {n} devices (--prompts={B} split evenly)", file=sys.stderr)
@@ -232,8 +229,11 @@ def bench_size(
     emit(figure="step_gflop_unshared", value=round(unshared / 1e9, 2), **common)
     emit(figure="achieved_gflops", value=round(flops / step_s / 1e9, 2), **common)
     if rates:  # the step's FLOPs at the matmul rate of their dtype (sampling: rollout, the rest: compute)
-        rate = {"float32": rates["matmul_gflops"], "bfloat16": rates["matmul_bf16_gflops"]}
-        at_peak_s = (fwd / rate[rollout_dtype] + 4 * fwd / rate[compute_dtype]) / 1e9
+        from experiments.bench_phases import matmul_rate
+
+        at_peak_s = (
+            fwd / matmul_rate(rates, rollout_dtype) + 4 * fwd / matmul_rate(rates, compute_dtype)
+        ) / 1e9
         emit(figure="fraction_of_matmul_peak", value=round(at_peak_s / step_s, 3), **common)
     mem = memory_metrics()  # accelerators: also the device allocator's peak (CPU: none)
     emit(figure="peak_rss_mb", value=round(mem["memory/host_peak_rss_mb"], 1), **common)
@@ -290,6 +290,10 @@ def main(argv):
     if FLAGS.cpu_devices and FLAGS.size not in ("tiny", "small", "smollm2_random"):
         raise app.UsageError(
             f"--cpu_devices applies to --size=tiny, small or smollm2_random, not --size={FLAGS.size}"
+        )
+    if FLAGS.cpu_devices > 1 and FLAGS.prompts % FLAGS.cpu_devices:
+        raise app.UsageError(
+            f"--prompts={FLAGS.prompts} must be divisible by --cpu_devices={FLAGS.cpu_devices}"
         )
     from grpo_jax.train import sharding
 
@@ -357,7 +361,6 @@ def main(argv):
         remat,
         compute_dtype=FLAGS.compute_dtype,
         rollout_dtype=FLAGS.rollout_dtype,
-        cpu_devices=FLAGS.cpu_devices,
     )
 
 

@@ -72,6 +72,14 @@ def sampler_prefill(cfg, rollout_dtype: str, group: int, max_new: int):
     )
 
 
+def matmul_rate(rates: dict, dtype: str) -> float:
+    """The measured matmul rate (GFLOP/s) of products in `dtype`: float32, or bf16 operands with float32
+    accumulation below it (the float32 rate where that was not measured)."""
+    if dtype == "float32":
+        return rates["matmul_gflops"]
+    return rates.get("matmul_bf16_gflops", rates["matmul_gflops"])
+
+
 def decode_floor_s(cfg, b: int, group: int, p: int, n_dec: float, rollout_dtype: str, rates: dict) -> float:
     """The floor of one decode step of b prompts x `group` samples (p prompt tokens, n_dec decode steps): the
     larger of its matmul FLOPs (every row at the mean context p + n_dec / 2) at the rollout dtype's matmul
@@ -80,13 +88,12 @@ def decode_floor_s(cfg, b: int, group: int, p: int, n_dec: float, rollout_dtype:
     once) and the KV cache at its mean length (the prompt part once per group), 4 bytes an item in float32
     and 2 below it (the ideal: the bf16 sampler keeps its completion cache in float32, tfm.KVCache, so its
     own reads are larger)."""
-    f32 = rollout_dtype == "float32"
-    rate = rates["matmul_gflops"] if f32 else rates.get("matmul_bf16_gflops", rates["matmul_gflops"])
+    item = 4 if rollout_dtype == "float32" else 2  # bytes of a weight or a cache item
     flops = decode_step_flops(cfg, b, group, p, n_dec)
     table = 0 if cfg.tie_embeddings else cfg.vocab_size * cfg.d_model  # the untied embedding table
-    w_read = (cfg.num_params() - table) * (4 if f32 else 2)
-    kv_item = 4 if f32 else 2
-    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * kv_item * (b * p + b * group * n_dec / 2)
+    w_read = (cfg.num_params() - table) * item
+    kv_bytes = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.dim_head * item * (b * p + b * group * n_dec / 2)
+    rate = matmul_rate(rates, rollout_dtype)
     return max(flops / (rate * 1e9), (w_read + kv_bytes) / (rates["bandwidth_gbs"] * 1e9))
 
 
@@ -256,10 +263,8 @@ def bench_peer(
     n_dec = statistics.median(decode_steps)
     decode_tok_s = (med["sample"] - prefill_s) / max(n_dec, 1)
     bw = rates["bandwidth_gbs"] * 1e9
-    peak32 = rates["matmul_gflops"] * 1e9
-    rate16 = rates.get("matmul_bf16_gflops", rates["matmul_gflops"]) * 1e9
-    peak = peak32 if compute_dtype == "float32" else rate16  # the train half's matmul rate
-    peak_roll = peak32 if rollout_dtype == "float32" else rate16
+    peak = matmul_rate(rates, compute_dtype) * 1e9  # the train half's matmul rate
+    peak_roll = matmul_rate(rates, rollout_dtype) * 1e9
     n_param = cfg.num_params()
     w_bytes = n_param * 4
     f_prefill = b * p * cfg.matmul_flops_per_token(p // 2)

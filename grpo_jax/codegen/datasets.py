@@ -109,14 +109,15 @@ def docstring_examples(prompt: str, entry_point: str) -> tuple[TestCase, ...]:
     `>>> CALL` followed by its output as a literal, and `>>> CALL == LITERAL` with no output line (how some
     HumanEval prompts state an example). CALL must be one expression that calls the entry point; statements,
     printed or non-literal outputs, other functions' examples and anything else are skipped."""
+    src = prompt + "\n    pass\n"
     try:
-        tree = _parse(prompt + "\n    pass\n")
+        tree = _parse(src)
     except SyntaxError:
         return ()
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry_point), None)
     if fn is None or not fn.body or ast.get_docstring(fn) is None:
         return ()
-    written = ast.get_source_segment(prompt + "\n    pass\n", fn.body[0].value) or ""
+    written = ast.get_source_segment(src, fn.body[0].value) or ""
     quote = '"""' if written.lstrip("rRuU").startswith('"""') else "'''"
     if quote not in written:
         return ()

@@ -82,11 +82,13 @@ class MultiTurn:
         self.record = record  # keep each row's later turns as text (counts["later"]: the evaluator's files)
 
     @classmethod
-    def from_rollout(cls, sampler, grader: Grader, tok, fmt, ro, max_turns: int | None = None) -> MultiTurn:
+    def from_rollout(
+        cls, sampler, grader: Grader, tok, fmt, ro, max_turns: int | None = None, record: bool = False
+    ) -> MultiTurn:
         """The MultiTurn of a RolloutConfig's turns, feedback budget, reply length and discount (`max_turns`:
-        another number of turns, e.g. the evaluation's)."""
+        another number of turns, e.g. the evaluation's; `record`: keep the later turns as text)."""
         kw = dict(feedback_tokens=ro.feedback_tokens, max_new=ro.max_new_tokens, discount=ro.turn_discount)
-        return cls(sampler, grader, tok, fmt, max_turns=max_turns or ro.max_turns, **kw)
+        return cls(sampler, grader, tok, fmt, max_turns=max_turns or ro.max_turns, record=record, **kw)
 
     @property
     def length(self) -> int:
@@ -319,8 +321,7 @@ class EvalTurns:
         ended = (np.isin(tokens, self.stops) & (mask > 0)).any(-1)
         first = SampleOutput(tokens, np.zeros(mask.shape, np.float32), mask, None, ~ended)
         grades = grader.grade(problems, tokens, mask)
-        mt = MultiTurn.from_rollout(self, grader, self.tok, self.fmt, self.ro, self.max_turns)
-        mt.record = True
+        mt = MultiTurn.from_rollout(self, grader, self.tok, self.fmt, self.ro, self.max_turns, record=True)
         key = rng_lib.derive(self.key, self.calls)
         counts = mt.run(self.params, problems, prompt, pmask, first, grades, key)[2]
         return counts["passed_turn"], counts["later"]
