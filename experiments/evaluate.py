@@ -733,6 +733,13 @@ def evaluate_policy(o: PolicyEval, executor, log=print, progress_write=None) -> 
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if ro.max_turns > 1:  # a feedback turn that cannot fit: one line now, not a traceback mid-evaluation
+        from grpo_jax.codegen.feedback import check_feedback_budget
+
+        try:
+            check_feedback_budget(pol["tok"], pol["fmt"], problems, ro.feedback_tokens)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
     seconds = {"load": time.perf_counter() - t_start}
     if o.time_limits == "reference":
         problems, rep = with_reference_time_limits(executor, problems, floor_s=o.floor_s, factor=o.factor)

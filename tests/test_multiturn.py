@@ -129,6 +129,28 @@ def test_continuation_is_cut_to_the_budget():
         feedback.continuation_ids(TOK, pipeline.PLAIN, p, long, ended_with=TOK.eos_id, budget=10)
 
 
+def test_a_feedback_budget_that_cannot_fit_is_refused_before_the_run(ex, tmp_path):
+    """A feedback turn longer than --feedback_tokens even with an empty message (the plain format restates
+    the prompt) is one error at start-up, not a traceback at the first failed reply."""
+    import mainjob
+
+    from grpo_jax.train.build import RunConfigError
+
+    p = tasks.generate(0, 0)
+    n = len(TOK.encode("\n# Fix the program.\n" + p.prompt))  # the plain turn of an empty message
+    feedback.check_feedback_budget(TOK, pipeline.PLAIN, [p], n)  # fits exactly
+    with pytest.raises(
+        ValueError, match=rf"^--feedback_tokens={n - 1}: the feedback turn of {p.task_id} needs {n} "
+    ):
+        feedback.check_feedback_budget(TOK, pipeline.PLAIN, [p], n - 1)
+    wd = tmp_path / "w"
+    with pytest.raises(
+        RunConfigError, match=r"^--feedback_tokens=8: the feedback turn of \S+ needs \d+ tokens"
+    ):
+        mainjob.run(mainjob.TINY, "--max_turns=2", "--feedback_tokens=8", workdir=wd, executor=ex)
+    assert not (wd / "run.json").exists()
+
+
 class ScriptedSampler:
     """Stands in for the model: turn k's reply of row r is replies[k][r]; records every context shown."""
 
@@ -363,6 +385,10 @@ def test_two_turn_run_with_async_grading_resumes_bit_identically_after_sigkill(e
     assert res["turns"]["turn1"]["greedy/pass@1"] == res["metrics"]["greedy/pass@1"]
     assert res["turns"]["turn1"]["pass@2"] == res["metrics"]["pass@2"]
     assert res["turns"]["turn2"]["pass@1"] >= res["turns"]["turn1"]["pass@1"]
+    with pytest.raises(ev.UsageError, match=r"^--feedback_tokens=8: the feedback turn of "):
+        ev.evaluate_policy(
+            dataclasses.replace(o, feedback_tokens=8, out_dir=str(tmp_path / "ev8")), ex, log=lambda _: None
+        )
     # samples.jsonl: turn 1's reply and grade, and the later turns of the samples that failed it; passed
     # after turn 2 per sample agrees with the turn-2 figure
     rows = [json.loads(x) for x in (tmp_path / "ev" / "samples.jsonl").read_text().splitlines()]

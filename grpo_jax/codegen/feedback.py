@@ -113,6 +113,21 @@ def continuation_text(tok, fmt: PromptFormat, problem: Problem, message: str) ->
     return text.split(_MARK, 1)[1]
 
 
+def check_feedback_budget(tok, fmt: PromptFormat, problems: Sequence[Problem], budget: int) -> None:
+    """ValueError naming --feedback_tokens when the feedback turn of one of `problems` cannot fit `budget`
+    tokens even with an empty message (its template turn and the restated prompt: continuation_ids would
+    refuse it at the first failed reply). Run before a run or an evaluation starts; the turn grows with the
+    prompt, so the 8 longest prompts (by characters) are measured."""
+    longest = sorted(problems, key=lambda p: len(p.prompt), reverse=True)[:8]
+    need = [(len(tok.encode(continuation_text(tok, fmt, p, FEEDBACK_ASK))), p.task_id) for p in longest]
+    n, task_id = max(need, default=(0, ""))
+    if n > budget:
+        raise ValueError(
+            f"--feedback_tokens={budget}: the feedback turn of {task_id} needs {n} tokens even with an empty "
+            f"message; raise it to at least {n}"
+        )
+
+
 def continuation_ids(
     tok, fmt: PromptFormat, problem: Problem, message: str, *, ended_with: int | None, budget: int
 ) -> list[int]:

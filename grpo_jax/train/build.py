@@ -97,6 +97,7 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     problems = fit_prompts(cfg, tok, problems, print_fn)
     check_chat_template(cfg, tok, problems)
+    check_feedback_budget(cfg, tok, problems)
     if executor is not None and cfg.sandbox.time_limits == "reference":
         problems = reference_limits(cfg, executor, problems, print_fn, ctx)
     print_fn(tasks_line(cfg, problems, executor))
@@ -301,6 +302,23 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
     if t.eval_data or t.source in ("file", "codeio", "mbpp"):
         heldout = prompts("held-out problems", heldout)
     return Problems(sft, rl, heldout, p.extra)
+
+
+def check_feedback_budget(cfg: RunConfig, tok, p: Problems) -> None:
+    """Multi-turn runs: every feedback turn fits --feedback_tokens with an empty message (the training
+    problems with --max_turns > 1, the evaluation sets with its turns > 1), or RunConfigError before anything
+    is written (feedback.check_feedback_budget; it would otherwise fail at the first failed reply)."""
+    from grpo_jax.codegen import feedback
+
+    ro = cfg.rollout
+    sets = [p.rl] if ro.max_turns > 1 else []
+    if (cfg.eval.max_turns or ro.max_turns) > 1:
+        sets += [p.heldout, *p.extra.values()]
+    try:
+        for problems in sets:
+            feedback.check_feedback_budget(tok, cfg.tasks.prompt, problems, ro.feedback_tokens)
+    except ValueError as e:
+        raise RunConfigError(str(e)) from None
 
 
 def check_chat_template(cfg: RunConfig, tok, p: Problems) -> None:
