@@ -30,7 +30,7 @@ first_step_s of a second run of the same size shows the start-up a returning use
 Devices: with several (`--cpu_devices=N` splits the CPU backend, the main job's --mesh_cpu_devices; an
 accelerator host's own) tiny / small / smollm2_random run each step data parallel over all of them (on an
 accelerator host, over as many as divide --prompts, with a note), the state and batch placed as the main job
-places them (grpo_jax.train.sharding); every figure names its `devices`.
+places them (grpo_jax.runtime.sharding); every figure names its `devices`.
 
 Figures per size (tiny / small / smollm2_random): compilation_cache (its directory or
 "off"), first_step_s (compile or cache load included),
@@ -67,12 +67,42 @@ from absl import app, flags
 flags.DEFINE_enum(
     "size",
     "all",
-    ["tiny", "small", "smollm2", "smollm2_random", "pool", "all"],
+    [
+        "tiny",
+        "small",
+        "smollm2",
+        "smollm2_random",
+        "pool",
+        "smollm2_varlen",
+        "smollm2_eval",
+        "multiturn",
+        "all",
+    ],
     "Workload: the random tiny / small Qwen2-style models; smollm2 = the real SmolLM2-135M-Instruct on the "
     "peer workload (experiments.bench_phases: 16 fixed coding prompts in its chat template, 4 x G = 8, "
     "64 new tokens ending at EOS, beta 0.04, lr 1e-6; per-phase times beside their floors); smollm2_random = "
     "the same model on the random-prompt setting of tiny / small (8 x 8, no EOS); pool = the policy pool at "
-    "K = 16 (experiments.pool_timing); 'all' = tiny, small, smollm2 and pool, each in its own process.",
+    "K = 16 (experiments.pool_timing); smollm2_varlen / smollm2_eval / multiturn = real reply lengths "
+    "(experiments.bench_varlen: a GRPO step on MBPP train prompts at 512 new tokens, an evaluation "
+    "stream of 128 MBPP test samples, the quickstart single vs 2 turns); 'all' = tiny, small, smollm2 and "
+    "pool, each in its own process.",
+)
+flags.DEFINE_enum(
+    "rollout_engine",
+    None,
+    ["static", "continuous"],
+    "The rollout engine (the main job's --rollout_engine; default static; smollm2_eval: both, one process "
+    "each).",
+)
+flags.DEFINE_integer("engine_slots", 32, "With --rollout_engine=continuous: decode slots.", lower_bound=1)
+flags.DEFINE_integer(
+    "engine_chunk", 16, "With --rollout_engine=continuous: decode steps per device call.", lower_bound=1
+)
+flags.DEFINE_integer(
+    "pack_tokens",
+    0,
+    "The padding-free update's row width (the main job's --pack_tokens; 0 = the padded update).",
+    lower_bound=0,
 )
 flags.DEFINE_integer("steps", 5, "Timed steps after the first (compile) step.", lower_bound=1)
 flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
@@ -118,7 +148,7 @@ flags.DEFINE_bool("matmul", True, "Measure the machine's float32 matmul GFLOP/s 
 flags.DEFINE_string(
     "compilation_cache",
     "",
-    "JAX's persistent compilation cache (grpo_jax.train.compile_cache): empty = the default directory, "
+    "JAX's persistent compilation cache (grpo_jax.runtime.compile_cache): empty = the default directory, "
     "'none' = off (first_step_s then always includes compilation).",
 )
 FLAGS = flags.FLAGS
@@ -139,6 +169,8 @@ def bench_size(
     remat: str,
     compute_dtype: str = "float32",
     rollout_dtype: str = "float32",
+    engine_kind: str = "static",
+    pack_tokens: int = 0,
 ):
     import dataclasses
 
@@ -149,7 +181,8 @@ def bench_size(
     from grpo_jax.policies import sampling
     from grpo_jax.policies import transformer as tfm
     from grpo_jax.policies.logp import policy_logp_fn
-    from grpo_jax.train.logging import memory_metrics
+    from grpo_jax.rollout.engines import make_engine
+    from grpo_jax.runtime.memory import memory_metrics
     from grpo_jax.train.state import init_state, make_optimizer
     from grpo_jax.train.step import make_train_step
     from grpo_jax.types import batch_from_samples
@@ -174,21 +207,26 @@ def bench_size(
     if used < n:
         print(f"note: the step runs on {used} of {n} devices (--prompts={B} split evenly)", file=sys.stderr)
     if used > 1:  # data parallel, the state and batch placed as the main job places them
-        from grpo_jax.train import sharding
+        from grpo_jax.runtime import sharding
 
         mesh = sharding.make_mesh(devices=jax.devices()[:used])
         shardings = (sharding.tree_shardings(state, mesh), sharding.batch_sharding(mesh))
         state = sharding.put(state, shardings[0])
         prompt, pmask = sharding.put((prompt, pmask), shardings[1])
-    train_step = make_train_step(cfg, obj, optimizer, temperature=1.0, shardings=shardings)
-    sampler = sampling.make_sampler(cfg, group=G, max_new=T, eos_id=-1, pad_id=0, weights_dtype=rollout_dtype)
+    train_step = make_train_step(
+        cfg, obj, optimizer, temperature=1.0, shardings=shardings, pack_tokens=pack_tokens
+    )
+    engine = make_engine(
+        engine_kind, cfg, max_new=T, eos_ids=(-1,), pad_id=0, weights_dtype=rollout_dtype,
+        slots=FLAGS.engine_slots, chunk=FLAGS.engine_chunk,
+    )  # fmt: skip
     sp = sampling.sampling_params(1.0)
     logp = policy_logp_fn(cfg)
     ref_fn = jax.jit(lambda p, pr, pm, c: logp(p, pr, pm, c, 1.0)[0])  # the reference pass alone
 
     def one_step(state, i):
         t0 = time.perf_counter()
-        out = sampler(state.params, prompt, pmask, jax.random.PRNGKey(100 + i), sp)
+        out = engine.generate(state.params, prompt, pmask, jax.random.PRNGKey(100 + i), n=G, sp=sp)
         out.tokens.block_until_ready()
         t1 = time.perf_counter()
         rewards = (out.tokens[..., 0] % 2).astype(jnp.float32)  # any non-constant reward
@@ -219,6 +257,7 @@ def bench_size(
     common = dict(size=size, params=cfg.num_params(), B=B, G=G, P=P, T=T, backend=jax.default_backend())
     common.update(devices=used)
     common.update(remat=remat, compute_dtype=compute_dtype, rollout_dtype=rollout_dtype)
+    common.update(engine=engine_kind, pack_tokens=pack_tokens)
     emit(figure="first_step_s", value=round(first, 3), **common)
     emit(figure="step_s_median", value=round(step_s, 3), **common)
     emit(figure="sampling_s_median", value=round(statistics.median(samp), 3), **common)
@@ -282,9 +321,40 @@ def bench_pool(peak: float | None, k: int = 16):
                 emit(figure=f"pool_k{k}_loop_fraction_of_matmul_peak", value=frac, **common)
 
 
+def bench_real_lengths(rates):
+    """smollm2_varlen / smollm2_eval / multiturn (experiments.bench_varlen)."""
+    from experiments import bench_varlen
+
+    engine = FLAGS.rollout_engine or "static"
+    kw = dict(slots=FLAGS.engine_slots, chunk=FLAGS.engine_chunk)
+    if FLAGS.size == "smollm2_varlen":
+        dtypes = (FLAGS.compute_dtype, FLAGS.rollout_dtype)
+        bench_varlen.bench_varlen(
+            FLAGS.steps, emit, engine_kind=engine, pack_tokens=FLAGS.pack_tokens, dtypes=dtypes, **kw
+        )
+    elif FLAGS.size == "multiturn":
+        bench_varlen.bench_multiturn(
+            FLAGS.steps, emit, engine_kind=engine, pack_tokens=FLAGS.pack_tokens, **kw
+        )
+    elif FLAGS.rollout_engine is None:  # smollm2_eval: both engines, one process each (peak RSS apart)
+        for kind in ("static", "continuous"):
+            args = [
+                sys.executable,
+                "-m",
+                "experiments.bench",
+                "--size=smollm2_eval",
+                f"--rollout_engine={kind}",
+            ]
+            args += [f"--steps={FLAGS.steps}", f"--engine_slots={FLAGS.engine_slots}", "--nomatmul"]
+            args += [f"--engine_chunk={FLAGS.engine_chunk}", f"--compilation_cache={FLAGS.compilation_cache}"]
+            subprocess.run(args, check=True, env=dict(os.environ, GRPO_BENCH_RATES=json.dumps(rates or {})))
+    else:
+        bench_varlen.bench_eval(FLAGS.steps, emit, engine_kind=engine, **kw)
+
+
 def main(argv):
     del argv
-    from grpo_jax.train import compile_cache
+    from grpo_jax.runtime import compile_cache
 
     cache_dir = compile_cache.enable(FLAGS.compilation_cache)  # before the first compilation
     if FLAGS.cpu_devices and FLAGS.size not in ("tiny", "small", "smollm2_random"):
@@ -295,7 +365,7 @@ def main(argv):
         raise app.UsageError(
             f"--prompts={FLAGS.prompts} must be divisible by --cpu_devices={FLAGS.cpu_devices}"
         )
-    from grpo_jax.train import sharding
+    from grpo_jax.runtime import sharding
 
     sharding.set_cpu_devices(FLAGS.cpu_devices)  # before anything touches a device
     rates = None
@@ -332,6 +402,9 @@ def main(argv):
     if FLAGS.size == "pool":
         bench_pool(peak)
         return
+    if FLAGS.size in ("smollm2_varlen", "smollm2_eval", "multiturn"):
+        bench_real_lengths(rates)
+        return
     if FLAGS.size == "smollm2":
         from experiments.bench_phases import bench_peer, device_rates_subprocess
 
@@ -361,6 +434,8 @@ def main(argv):
         remat,
         compute_dtype=FLAGS.compute_dtype,
         rollout_dtype=FLAGS.rollout_dtype,
+        engine_kind=FLAGS.rollout_engine or "static",
+        pack_tokens=FLAGS.pack_tokens,
     )
 
 

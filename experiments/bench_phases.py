@@ -176,8 +176,8 @@ def bench_peer(
     from grpo_jax.policies import sampling
     from grpo_jax.policies.logp import policy_logp_fn
     from grpo_jax.pretrained.api import load_pretrained, load_tokenizer
+    from grpo_jax.runtime.memory import memory_metrics
     from grpo_jax.tokenization.batch import decode_completions, stop_ids
-    from grpo_jax.train.logging import memory_metrics
     from grpo_jax.train.state import init_state, make_optimizer
     from grpo_jax.train.step import make_train_step
     from grpo_jax.types import batch_from_samples

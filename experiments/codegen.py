@@ -48,7 +48,7 @@ def main(argv):
         print(json.dumps(cfg.to_json(), indent=1))
         return
 
-    from grpo_jax.train import distributed, sharding
+    from grpo_jax.runtime import distributed, sharding
 
     try:  # the CPU device count and joining the other processes first: nothing may touch a device before
         sharding.set_cpu_devices(cfg.mesh.cpu_devices)
@@ -56,9 +56,9 @@ def main(argv):
     except (distributed.PeerLost, sharding.MeshError) as e:
         cli.fail(str(e))
 
+    from grpo_jax.runtime import compile_cache
     from grpo_jax.sandbox.executor import Executor
     from grpo_jax.sandbox.types import Limits
-    from grpo_jax.train import compile_cache
     from grpo_jax.train.loop import RunConfigError, run
 
     # before the first compilation; an unusable directory: one warning line, the run goes on without it

@@ -40,7 +40,7 @@ def _status_gb(field: str) -> float:
 
 
 def _heap() -> str:
-    from grpo_jax.train.logging import libc
+    from grpo_jax.runtime.memory import libc
 
     mallinfo2 = getattr(libc(), "mallinfo2", None)  # glibc >= 2.33
     if mallinfo2 is None:
@@ -85,9 +85,11 @@ def main(argv: list[str]) -> None:
     except OSError as e:
         sys.exit(f"error: memory_phases needs Linux's /proc/self/clear_refs (writable): {e}")
     from grpo_jax import cli
+    from grpo_jax.eval import evaluation
+    from grpo_jax.runtime import compile_cache
     from grpo_jax.sandbox.executor import Executor
     from grpo_jax.sandbox.types import Limits
-    from grpo_jax.train import compile_cache, loop, samplers
+    from grpo_jax.train import loop
 
     try:
         cfg, notes = cli.resolve(["codegen", *argv])
@@ -104,8 +106,10 @@ def main(argv: list[str]) -> None:
         run.train_step = _wrapped(run.train_step, "train step", block=True)
         return run
 
-    def eval_sampler(run, params, key):
-        fn = samplers.eval_sampler(run, params, key)
+    real_sample_fn = evaluation.sample_fn
+
+    def sample_fn(*a, **k):
+        fn = real_sample_fn(*a, **k)
 
         def sample(prompt, *a):
             out = fn(prompt, *a)
@@ -117,7 +121,6 @@ def main(argv: list[str]) -> None:
     real_build = loop.build
     patches = {
         "build": build,
-        "eval_sampler": eval_sampler,
         "placed_state": _wrapped(loop.placed_state, "state placed"),
         "evaluate": _wrapped(loop.evaluate, "evaluate"),
         "save": _wrapped(loop.save, "checkpoint save"),
@@ -127,6 +130,7 @@ def main(argv: list[str]) -> None:
     with contextlib.ExitStack() as stack:
         for name, fn in patches.items():
             stack.enter_context(mock.patch.object(loop, name, fn))
+        stack.enter_context(mock.patch.object(evaluation, "sample_fn", sample_fn))
         executor = stack.enter_context(Executor(num_workers=cfg.sandbox.workers, limits=limits))
         loop.run(cfg, executor, notes=notes)
 

@@ -54,6 +54,7 @@ from grpo_jax.core.controllers import CONTROLLER_KINDS, KL_CONTROLLERS
 from grpo_jax.core.kl import KL_ANCHORS, KL_KINDS
 from grpo_jax.core.surrogates import DPPO_DIVERGENCES, IMPORTANCE_LEVELS, OBJECTIVES, TIS_LEVELS, TIS_MODES
 from grpo_jax.errors import fail
+from grpo_jax.policies.continuous import ROLLOUT_ENGINES
 from grpo_jax.policies.lora import TARGETS as LORA_TARGETS
 from grpo_jax.policies.sampling import ROLLOUT_DTYPES
 from grpo_jax.policies.transformer import REMAT_POLICIES
@@ -1354,10 +1355,18 @@ class OptimConfig:
         "Gradient accumulation: each update's (mini-)batch is processed in this many micro-batches, "
         "normalised by the whole batch's sequence / token counts (the same update, less memory).",
     )
+    pack_tokens: int = opt(
+        0,
+        "The padding-free update (grpo_jax.policies.packed): each step's prompts and completions (whole "
+        "multi-turn trajectories) packed into rows of this many tokens, a prompt shared by the completions "
+        "that follow it in a row, attention masked per sequence; the loss, gradient and metrics are the "
+        "padded update's to float rounding. 0 = the padded update. Must hold a prompt + a completion "
+        "(>= --prompt_len + the completion length); not with --mini_batches > 1.",
+    )
 
     def __post_init__(self):
         _positive(self, ("learning_rate", "grad_clip", "eps", "max_consecutive_nonfinite", "micro_batches"))
-        _positive(self, ("weight_decay", "warmup_steps"), strict=False)
+        _positive(self, ("weight_decay", "warmup_steps", "pack_tokens"), strict=False)
         for n in ("b1", "b2"):
             if not 0 <= getattr(self, n) < 1:
                 fail(self, n, "must be in [0, 1)")
@@ -1396,6 +1405,25 @@ class RolloutConfig:
         "(--compute_dtype: a bfloat16 policy from its bf16 weight copy), never in the rollout dtype.",
         choices=ROLLOUT_DTYPES,
     )
+    engine: str = opt(
+        "static",
+        "The rollout engine of training, evaluation and multi-turn alike (grpo_jax.rollout.engines). static: "
+        "one compiled batch of all B x G rows that decodes until its longest reply ends. continuous: "
+        "continuous batching, --engine_slots decode slots refilled from the queue of samples as replies "
+        "end, the running slots moved into smaller batches once nothing is pending (for replies whose "
+        "lengths spread widely; a sample's tokens depend on its own key only). Measured figures: "
+        "WORKSPACE.md section 6.",
+        flag="rollout_engine",
+        choices=ROLLOUT_ENGINES,
+    )
+    engine_slots: int = opt(
+        32, "With --rollout_engine=continuous: the most decode slots (samples decoded at once)."
+    )
+    engine_chunk: int = opt(
+        16,
+        "With --rollout_engine=continuous: decode steps per device call, between which ended samples' slots "
+        "are refilled (a slot whose reply ends idles for the rest of the chunk).",
+    )
     dynamic_sampling: bool = opt(False, "DAPO dynamic sampling: refill groups whose rewards are all equal.")
     dynamic_max_rounds: int = opt(3, "Extra sampling rounds per step for dynamic sampling.")
     async_rewards: bool = opt(
@@ -1433,6 +1461,8 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             fail(self, "top_p", "must be in (0, 1]")
         _choice(self, "rollout_dtype", ROLLOUT_DTYPES)
+        _choice(self, "engine", ROLLOUT_ENGINES)
+        _positive(self, ("engine_slots", "engine_chunk"))
         _check_sub_settings(self, "rollout")
 
 
@@ -1711,8 +1741,8 @@ class LogConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """The device mesh of the run (grpo_jax.train.sharding): named axes data x fsdp x tensor over every device
-    of every process. The rollout batch is split over data x fsdp (a group never straddles devices);
+    """The device mesh of the run (grpo_jax.runtime.sharding): named axes data x fsdp x tensor over every
+    device of every process. The rollout batch is split over data x fsdp (a group never straddles devices);
     parameters, optimizer moments and the reference are sharded over fsdp (ZeRO-3 style: each leaf's largest
     divisible dimension) and tensor (Megatron: q/k/v/gate/up by columns, o/down by rows). The product must
     equal the global device count (checked when the run starts, where the devices are known)."""
@@ -1743,7 +1773,7 @@ class RuntimeConfig:
     FLAG_PREFIX: ClassVar[str] = ""
     compilation_cache: str = opt(
         "",
-        "JAX's persistent compilation cache directory (grpo_jax.train.compile_cache): empty = "
+        "JAX's persistent compilation cache directory (grpo_jax.runtime.compile_cache): empty = "
         "$GRPO_JAX_CACHE_DIR/xla or ~/.cache/grpo_jax/xla; 'none' = off. A second run of the same "
         "configuration loads its compiled steps instead of recompiling.",
     )
@@ -1754,7 +1784,7 @@ DIST_CLUSTERS = ("none", "auto")
 
 @dataclasses.dataclass(frozen=True)
 class DistConfig:
-    """Multi-process / multi-host runs on JAX's own runtime (jax.distributed; grpo_jax.train.distributed).
+    """Multi-process / multi-host runs on JAX's own runtime (jax.distributed; grpo_jax.runtime.distributed).
     One process per host (or per accelerator); every process runs the same program (SPMD), grades its own
     rows of the batch in its own sandbox, and process 0 writes the logs. CPU collectives use gloo."""
 
@@ -1837,6 +1867,13 @@ RESUMABLE_CHANGES = (
     "runtime.compilation_cache",
     # rematerialisation changes what the backward keeps, not the function (float rounding, like the mesh)
     "model.remat",
+    # the packed update is the padded one to float rounding; the engines draw from the same distribution
+    # (a run resumed on another engine continues with that engine's draws), the slot count and chunk change
+    # no token (tests/test_engines.py)
+    "optim.pack_tokens",
+    "rollout.engine",
+    "rollout.engine_slots",
+    "rollout.engine_chunk",
     # where the post-SFT parameters were read from (their SFT inputs are checked equal, so the same run)
     "sft.from_workdir",
 )
@@ -1974,6 +2011,7 @@ class RunConfig:
             )
         if ro.max_turns > 1:
             self._check_multi_turn()
+        self._check_engines()
         if self.sandbox.stop_on_failure and obj.multiscale_w_tests > 0:
             fail(
                 self,
@@ -1995,6 +2033,31 @@ class RunConfig:
                 "L_cache 4096 of L_max 20480; scale it to the max completion length)",
             )
         _check_sub_settings(self, "")
+
+    def _check_engines(self) -> None:
+        """--rollout_engine=continuous and --pack_tokens: what they cannot do is refused, one line each."""
+        ro, width = self.rollout, self.optim.pack_tokens
+        if ro.engine == "continuous" and self.dist.enabled:
+            fail(
+                self,
+                "rollout.engine",
+                "the continuous engine runs in one process (its host loop reads every slot): use "
+                "--rollout_engine=static with --dist_*",
+            )
+        if width and width < self.tasks.prompt_len + ro.completion_len:
+            fail(
+                self,
+                "optim.pack_tokens",
+                f"a packed row must hold a prompt and a completion: >= prompt_len + completion length = "
+                f"{self.tasks.prompt_len} + {ro.completion_len}",
+            )
+        if width and self.objective.mini_batches > 1:
+            fail(
+                self,
+                "optim.pack_tokens",
+                f"not with mini_batches={self.objective.mini_batches} (the packed layout is planned per "
+                "micro-batch; use --pack_tokens=0 or --mini_batches=1)",
+            )
 
     def _check_multi_turn(self) -> None:
         """--max_turns > 1: the mechanisms whose samples are not trajectories are refused, one line each."""

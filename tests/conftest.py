@@ -55,6 +55,6 @@ def compilation_cache():
     """The main job's persistent compilation cache for the whole test session (the default directory:
     $GRPO_JAX_CACHE_DIR/xla, which CI starts cold): tests that compile the same program (the same tiny model's
     sampler or train step) load it instead of compiling it again; results are the same bits either way."""
-    from grpo_jax.train import compile_cache
+    from grpo_jax.runtime import compile_cache
 
     return compile_cache.enable("", min_compile_s=0.0)

@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 from grpo_jax import cli
+from grpo_jax.runtime import compile_cache
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
-from grpo_jax.train import compile_cache, loop
+from grpo_jax.train import loop
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "--flagfile=experiments/flagfiles/tiny_test.flags"

@@ -1,4 +1,4 @@
-"""The persistent compilation cache (grpo_jax.train.compile_cache): a second process compiling the same
+"""The persistent compilation cache (grpo_jax.runtime.compile_cache): a second process compiling the same
 function loads it from the cache directory (a cache hit, the same result); "none" turns it off."""
 
 import json
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = """
 import json, sys
 import jax, jax.numpy as jnp
-from grpo_jax.train import compile_cache
+from grpo_jax.runtime import compile_cache
 hits = []
 jax.monitoring.register_event_listener(lambda name, **kw: hits.append(name))
 where = compile_cache.enable(sys.argv[1], min_compile_s=0.0)
@@ -42,7 +42,7 @@ def test_second_process_hits_the_cache_and_none_turns_it_off(tmp_path):
 
 
 def test_default_directory_follows_the_cache_env(monkeypatch, tmp_path):
-    from grpo_jax.train import compile_cache
+    from grpo_jax.runtime import compile_cache
 
     monkeypatch.setenv("GRPO_JAX_CACHE_DIR", str(tmp_path))
     assert compile_cache.default_dir() == str(tmp_path / "xla")

@@ -125,7 +125,7 @@ def test_the_runs_grader_scores_right_and_wrong_replies_of_every_format(ex):
     problem that has a hand-written right and wrong solution: reward 1 and 0, per-test results to match."""
     from grpo_jax.codegen.pipeline import PromptFormat
     from grpo_jax.config import SandboxConfig
-    from grpo_jax.train.grader import Grader
+    from grpo_jax.rollout.grader import Grader
 
     sols = [json.loads(x) for x in (FIX / "solutions.jsonl").read_text().splitlines()]
     by_file: dict = {}
@@ -200,7 +200,7 @@ def test_stop_on_failure_gives_the_same_rewards_and_ends_each_programs_tests_at_
     tests ending at the test where it first failed when all were run."""
     from grpo_jax.codegen.pipeline import PromptFormat
     from grpo_jax.config import SandboxConfig
-    from grpo_jax.train.grader import Grader
+    from grpo_jax.rollout.grader import Grader
 
     sols = [json.loads(x) for x in (FIX / "solutions.jsonl").read_text().splitlines()]
     problems, texts = [], []

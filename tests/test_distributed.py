@@ -171,7 +171,7 @@ def test_two_processes_killed_one_ends_the_other_and_the_rerun_equals_one_device
 
 
 def test_stall_message_names_the_processes_behind_or_says_this_one_is():
-    from grpo_jax.train.distributed import _stall_message
+    from grpo_jax.runtime.distributed import _stall_message
 
     pr = {"count": 7, "label": "step 2: train step", "since": 0.0}
     msg = _stall_message(0, pr, {1: (6, "step 2: rollout"), 2: (7, "step 2: train step")}, 20.0, 15)
@@ -187,7 +187,7 @@ def test_stall_message_names_the_processes_behind_or_says_this_one_is():
 
 
 def test_single_process_context_needs_no_coordinator():
-    from grpo_jax.train.distributed import Context
+    from grpo_jax.runtime.distributed import Context
 
     ctx = Context()
     assert ctx.allgather_objects("x", {"a": 1}) == [{"a": 1}]

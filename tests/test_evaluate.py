@@ -125,11 +125,12 @@ def add(a, b):
 def test_problem_files_are_graded_on_their_hidden_tests():
     """The evaluator grades a contest file's problems on the hidden tests only (the public ones may be shown
     in the prompt), in both modes."""
-    from experiments import evaluate as ev
+    from grpo_jax.eval.inputs import PolicyEval, load_problem_set
+    from grpo_jax.eval.samples_file import load_problem_file
 
     fix = str(Path(__file__).resolve().parent / "fixtures" / "formats" / "native.jsonl")
-    grade_only = ev.load_problem_file(fix)
-    sampled, ids = ev.load_eval_problems(ev.PolicyEval(problems=fix, out_dir="unused"))
+    grade_only = load_problem_file(fix)
+    sampled, ids = load_problem_set(PolicyEval(problems=fix, out_dir="unused"))
     assert ids == [p.task_id for p in sampled]
     for problems in (grade_only, sampled):
         assert problems and all(p.public_tests and p.tests == p.hidden_tests for p in problems)

@@ -17,6 +17,9 @@ import pytest
 from experiments import evaluate as ev
 from grpo_jax.codegen import datasets, formats, pipeline
 from grpo_jax.codegen.passk import pass_at_k
+from grpo_jax.eval import evaluation
+from grpo_jax.eval.results import FILES, summarize_tasks, write_dir_atomic
+from grpo_jax.eval.samples_file import grade_samples_file
 from grpo_jax.policies import lora
 from grpo_jax.train import loop
 from grpo_jax.train.export import params_digest
@@ -50,26 +53,26 @@ def env(tmp_path_factory):
     verdicts, the digest of the parameters it sampled)}, (problems file, its task ids), a directory)."""
     root = tmp_path_factory.mktemp("evalckpt")
     runs = {}
-    real_evaluate, real_sampler, real_lora_init = pipeline.evaluate, loop.eval_sampler, lora.init
+    real_evaluate, real_sampler, real_lora_init = pipeline.evaluate, evaluation.sample_fn, lora.init
     with mainjob.executor() as ex:
         for name, flags in RUNS.items():
             seen, digests = [], []
 
             def evaluate(*args, seen=seen, **kw):  # the main job's evaluation and what it computed it from
-                details = {}
-                seen.append((real_evaluate(*args, details=details, **kw), details))
+                details = kw["details"] = {}
+                seen.append((real_evaluate(*args, **kw), details))
                 return seen[-1][0]
 
-            def sampler(run, params, key, digests=digests):
-                digests.append(params_digest(params))
-                return real_sampler(run, params, key)
+            def sampler(policy, engine, key, spec, digests=digests):
+                digests.append(params_digest(policy.params))
+                return real_sampler(policy, engine, key, spec)
 
             def lora_init(*args, **kw):  # B != 0: the merged policy differs from the frozen base
                 return jax.tree.map(lambda x: x + 0.05, real_lora_init(*args, **kw))
 
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(pipeline, "evaluate", evaluate)
-                mp.setattr(loop, "eval_sampler", sampler)
+                mp.setattr(evaluation, "sample_fn", sampler)
                 mp.setattr(lora, "init", lora_init)
                 cfg, notes = mainjob.config(*flags, workdir=root / name)
                 run, _, _ = loop.setup(cfg, ex, lambda _: None, notes)
@@ -118,7 +121,7 @@ def test_checkpoint_on_a_problems_file_schema_ids_passk_and_same_seed_same_sampl
     assert "[sampling greedy] 2/2 batches" in err and "[grading 2 samples/task] 6/6 programs" in err
     assert "ETA" in err
     out = outs[0]
-    assert sorted(os.listdir(out)) == sorted(ev.FILES)
+    assert sorted(os.listdir(out)) == sorted(FILES)
     assert not [x for x in os.listdir(root) if x.startswith(".tmp-")]
     # the same checkpoint, problems and seed twice: the same samples, byte for byte
     for name in ("samples.jsonl", "greedy.jsonl", "per_task.jsonl"):
@@ -155,7 +158,7 @@ def test_checkpoint_on_a_problems_file_schema_ids_passk_and_same_seed_same_sampl
     assert r["policy"]["step"] == 0 and r["problems"]["tasks"] == 3 and r["sampling"]["key"] == "seed 5"
     # samples.jsonl is a samples file of the grade-only mode: graded again, the same verdicts
     regraded = root / "regraded.jsonl"
-    again = ev.evaluate(
+    again = grade_samples_file(
         str(probs), str(out / "samples.jsonl"), [1, 2], str(regraded), 2, 2.0, log=lambda _: None
     )
     assert [x["passed"] for x in read(root, "regraded.jsonl")] == [x["passed"] for x in samples]
@@ -192,13 +195,13 @@ def test_checkpoint_heldout_equals_the_main_jobs_own_evaluation(env, name):
 def test_summary_is_passk_of_the_per_task_counts():
     """Literal cases: tasks (n, c) = (2, 0), (2, 1), (2, 2): pass@1 = (0 + 1/2 + 1) / 3, pass@2 = 2/3; with
     (n, c) = (5, 2): pass@2 = 1 - C(3,2)/C(5,2) = 0.7."""
-    m = ev.summarize_tasks([(2, 0), (2, 1), (2, 2)], [False, True, True], [1, 2], seed=0)
+    m = summarize_tasks([(2, 0), (2, 1), (2, 2)], [False, True, True], [1, 2], seed=0)
     assert m["pass@1"] == pytest.approx(0.5) and m["pass@2"] == pytest.approx(2 / 3)
     assert m["greedy/pass@1"] == pytest.approx(2 / 3)
     lo, hi = m["pass@1/ci95"]
     assert 0.0 <= lo < 0.5 < hi <= 1.0
-    assert m == ev.summarize_tasks([(2, 0), (2, 1), (2, 2)], [False, True, True], [1, 2], seed=0)  # seeded
-    assert ev.summarize_tasks([(5, 2)], [False], [2])["pass@2"] == pytest.approx(0.7)
+    assert m == summarize_tasks([(2, 0), (2, 1), (2, 2)], [False, True, True], [1, 2], seed=0)  # seeded
+    assert summarize_tasks([(5, 2)], [False], [2])["pass@2"] == pytest.approx(0.7)
     lo, hi = m["greedy/pass@1/wilson95"]
     assert 0.0 < lo < 2 / 3 < hi < 1.0
 
@@ -206,9 +209,9 @@ def test_summary_is_passk_of_the_per_task_counts():
 def test_out_dir_is_written_whole_or_not_at_all(tmp_path):
     out = tmp_path / "out"
     with pytest.raises(TypeError):
-        ev.write_dir_atomic(str(out), {"a.json": "{}\n", "b.jsonl": object()})
+        write_dir_atomic(str(out), {"a.json": "{}\n", "b.jsonl": object()})
     assert not out.exists() and os.listdir(tmp_path) == []
-    ev.write_dir_atomic(str(out), {"a.json": "{}\n"})
+    write_dir_atomic(str(out), {"a.json": "{}\n"})
     assert (out / "a.json").read_text() == "{}\n"
 
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from grpo_jax.config import OptimConfig
+from grpo_jax.runtime.memory import memory_metrics
 from grpo_jax.train.logging import (
     MetricsLogger,
     PassRateTable,
     Progress,
     format_duration,
-    memory_metrics,
     read_events,
     read_histograms,
     read_texts,

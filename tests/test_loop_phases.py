@@ -10,10 +10,12 @@ import mainjob
 import numpy as np
 import pytest
 
-from grpo_jax.train import compile_cache, loop, samplers
+from grpo_jax.eval import evaluation
+from grpo_jax.eval.progress import EvalProgress
+from grpo_jax.runtime import compile_cache
+from grpo_jax.train import loop
 from grpo_jax.train.export import params_digest
 from grpo_jax.train.logging import Progress
-from grpo_jax.train.samplers import release_eval_samplers
 
 FLAGS = (mainjob.TINY, "--steps=2", "--checkpoint_every=0", "--eval_samples=0", "--eval_ks=")
 
@@ -48,16 +50,16 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         logged = mainjob.metrics(wd)
         assert sorted(logged) == [1] and 0.0 <= logged[1]["reward"] <= 1.0
 
-        rollout_fn = run.rollout.sampler._fn  # the training rollout's compiled sampler
-        assert rollout_fn._cache_size() == 1
+        engine = run.rollout.engine  # the training rollout's engine and its compiled sampler
+        assert engine.cache_size() == 1
         monkeypatch.setattr(compile_cache, "directory", lambda: str(tmp_path))  # a persistent cache is on
         ev = loop.evaluate(run, state, 1, "phase test")
-        assert rollout_fn._cache_size() == 0  # dropped before the evaluation (samplers.release_samplers)
+        assert engine.cache_size() == 0  # dropped before the evaluation (evaluation.release_all)
         monkeypatch.undo()
         assert 0.0 <= ev["pass@1"] <= 1.0 and ev["seconds"] > 0
         assert any("[eval phase test]" in x for x in lines)
         # a long evaluation (here: every one, quiet_s=0) shows a progress line per batch with an ETA
-        monkeypatch.setattr(loop, "EvalProgress", lambda n, write, quiet_s: samplers.EvalProgress(n, write))
+        monkeypatch.setattr(loop, "EvalProgress", lambda n, write, quiet_s: EvalProgress(n, write))
         del lines[:]
         loop.evaluate(run, state, 1, "phase test")
         n = -(-len(run.problems.heldout) // cfg.eval.batch)
@@ -67,21 +69,24 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         ]
         monkeypatch.undo()
         # the evaluation's compiled samplers: kept without a persistent compilation cache, dropped (freed)
-        # when the cache can give them back (samplers.release_eval_samplers)
+        # when the cache can give them back (evaluation.release_engine)
         monkeypatch.setattr(compile_cache, "directory", lambda: None)
         loop.evaluate(run, state, 1, "phase test")
-        assert [fn._cache_size() for fn in run.eval_samplers.values()] == [1]  # one held-out shape
+        assert run.eval_engine.cache_size() == 1  # one held-out shape
         monkeypatch.setattr(compile_cache, "directory", lambda: str(tmp_path))
-        release_eval_samplers(run)
-        assert [fn._cache_size() for fn in run.eval_samplers.values()] == [0]
+        evaluation.release_engine(run.eval_engine)
+        assert run.eval_engine.cache_size() == 0
         # within an evaluation, a new prompt-length bucket drops the last one's executable (cache on only)
+        policy = evaluation.Policy(state.train.params, run.tok, cfg.tasks.prompt, run.ctx.host)
+        spec = evaluation.spec_from_config(cfg, run.eval_engine)
         for cache_dir, kept in ((None, 2), (str(tmp_path), 1)):
             monkeypatch.setattr(compile_cache, "directory", lambda d=cache_dir: d)
-            release_eval_samplers(run)
-            fn = samplers.eval_sampler(run, state.train.params, jax.random.PRNGKey(0))
+            evaluation.release_engine(run.eval_engine)
+            run.eval_engine.release()
+            fn = evaluation.sample_fn(policy, run.eval_engine, jax.random.PRNGKey(0), spec)
             for width in (8, 12):
                 fn(np.full((2, width), 5, np.int32), np.ones((2, width), np.int32), 1, True)
-            assert [s._cache_size() for s in run.eval_samplers.values()] == [kept]
+            assert run.eval_engine.cache_size() == kept
         monkeypatch.undo()
 
         results = loop.finish(run, state, 1)
@@ -107,8 +112,8 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
 def test_eval_progress_is_quiet_for_short_evaluations_and_counts_every_batch():
     calls = []
     fn = lambda prompt, pmask, n, greedy: (prompt, n)  # noqa: E731
-    loud = samplers.EvalProgress(3, calls.append)
-    quiet = samplers.EvalProgress(3, calls.append, quiet_s=3600.0)
+    loud = EvalProgress(3, calls.append)
+    quiet = EvalProgress(3, calls.append, quiet_s=3600.0)
     for p in (loud, quiet):
         wrapped = p.sampler(fn)
         for i in range(3):

@@ -8,16 +8,18 @@ import pytest
 
 from grpo_jax.train import loop
 
-PATCHED = ("build", "eval_sampler", "placed_state", "evaluate", "save", "finish")
+PATCHED = ("build", "placed_state", "evaluate", "save", "finish")
 
 
 def test_a_line_per_phase_with_its_peak_and_the_loop_restored(tmp_path, capsys):
     from experiments import memory_phases
+    from grpo_jax.eval import evaluation
 
     before = {n: getattr(loop, n) for n in PATCHED}
+    sample_fn = evaluation.sample_fn
     flags = (mainjob.TINY, "--steps=1", "--checkpoint_every=0", "--eval_samples=0", "--eval_ks=")
     memory_phases.main([*flags, f"--workdir={tmp_path / 'run'}"])
-    assert {n: getattr(loop, n) for n in PATCHED} == before
+    assert {n: getattr(loop, n) for n in PATCHED} == before and evaluation.sample_fn is sample_fn
     lines = [x for x in capsys.readouterr().out.splitlines() if re.match(r"\[\s*[\d.]+ s\] ", x)]
     rows = {}
     for line in lines:

@@ -19,13 +19,13 @@ from grpo_jax.codegen.passk import pass_at_k
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import group_zscore
 from grpo_jax.problem import Problem, TestCase
+from grpo_jax.rollout.grader import GradeLimits, Grader
+from grpo_jax.rollout.multiturn import MultiTurn, bucket, trajectory_rewards, turn_metrics
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits, Status, Verdict
 from grpo_jax.sandbox.types import TestResult as Result
 from grpo_jax.tokenization import CodeTokenizer
 from grpo_jax.train import step as step_lib
-from grpo_jax.train.grader import Grader
-from grpo_jax.train.multiturn import MultiTurn, bucket, trajectory_rewards, turn_metrics
 from grpo_jax.types import SampleOutput, batch_from_samples
 
 TOK = CodeTokenizer()
@@ -151,11 +151,15 @@ def test_a_feedback_budget_that_cannot_fit_is_refused_before_the_run(ex, tmp_pat
     assert not (wd / "run.json").exists()
 
 
-class ScriptedSampler:
-    """Stands in for the model: turn k's reply of row r is replies[k][r]; records every context shown."""
+class ScriptedEngine:
+    """Stands in for the rollout engine (grpo_jax.rollout.engines protocol): turn k's reply of row r is
+    replies[k][r]; records every context shown."""
+
+    kind = "scripted"
 
     def __init__(self, replies: dict[int, dict[int, str]], T: int):
         self.replies, self.T, self.contexts, self.feedback, self.turn = replies, T, [], [], 1
+        self.max_new, self.eos_ids = T, (TOK.eos_id,)
 
     def encode(self, rows: list[str]) -> SampleOutput:
         n = len(rows)
@@ -171,16 +175,19 @@ class ScriptedSampler:
         self.turn += 1
         script = self.replies[self.turn]
         rows = [script[min(script)] if i >= len(script) else script[sorted(script)[i]] for i in range(n)]
-        return self.encode(rows), np.arange(n)  # (the "cache": row numbers, so `take` works on it)
+        return self.encode(rows), np.arange(n)  # (the "conversations": row numbers, so `select` works)
 
-    def continue_from_tokens(self, params, ctx, cmask, key):
+    def select(self, conv, rows):
+        return np.asarray(conv)[np.asarray(rows)]
+
+    def from_tokens(self, params, ctx, cmask, key, *, sp):
         ctx, cmask = np.asarray(ctx), np.asarray(cmask)
         self.contexts += [
             TOK.decode(row[m > 0].tolist(), skip_special=False) for row, m in zip(ctx, cmask, strict=True)
         ]
         return self._reply(len(ctx))
 
-    def continue_from_cache(self, params, rc, tokens, mask, key):
+    def extend(self, params, rc, tokens, mask, key, *, sp):
         tokens, mask = np.asarray(tokens), np.asarray(mask)
         self.feedback += [
             TOK.decode(row[m > 0].tolist(), skip_special=False) for row, m in zip(tokens, mask, strict=True)
@@ -189,8 +196,8 @@ class ScriptedSampler:
 
 
 def _run(ex, problems, G, replies, *, K=2, F=120, T=24, discount=1.0, record=False):
-    s = ScriptedSampler(replies, T)
-    grader = Grader(ex, type("S", (), {"deadline_s": None})(), TOK, pipeline.PLAIN, group=G, num_tests=8)
+    s = ScriptedEngine(replies, T)
+    grader = Grader(ex, GradeLimits(), TOK, pipeline.PLAIN, group=G, num_tests=8)
     mt = MultiTurn(
         s,
         grader,
@@ -420,7 +427,7 @@ def test_two_turn_run_with_async_grading_resumes_bit_identically_after_sigkill(e
 def test_pass_at_k_after_each_turn_literal():
     """Two problems x 4 samples; the turn at which each passed (0: never): [1, 0, 2, 2] and [0, 0, 0, 1].
     After turn 1: 1 and 1 of 4 pass; after turn 2: 3 and 1 of 4. pass@2 = 1 - C(n - c, 2) / C(n, 2)."""
-    from experiments.evaluate import turn_summaries
+    from grpo_jax.eval.results import turn_summaries
 
     pt = np.array([1, 0, 2, 2, 0, 0, 0, 1])
     m = pipeline._turn_metrics(pt, 4, [1, 2], 2)

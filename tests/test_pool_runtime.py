@@ -1,4 +1,4 @@
-"""The pool runtime of the code loop in-process (grpo_jax.train.pool_host): snapshot pushes on the ring
+"""The pool runtime of the code loop in-process (grpo_jax.rollout.pool_runtime): snapshot pushes on the ring
 buffer, the pool metrics, the MemberSampler and the pool baseline graded by the real sandbox.
 
 The members are constant policies built by hand, so the baseline has literal values: every layer's output
@@ -21,11 +21,11 @@ from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline, tasks
 from grpo_jax.config import PoolConfig, RolloutConfig, SandboxConfig
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.rollout.grader import Grader
+from grpo_jax.rollout.pool_runtime import Members, PoolRuntime
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
 from grpo_jax.tokenization.code import CodeTokenizer
-from grpo_jax.train.grader import Grader
-from grpo_jax.train.pool_host import Members, PoolRuntime
 
 B, g, T, P = 2, 2, 8, 64  # prompts, samples per member, completion tokens, prompt tokens
 MODEL = tfm.TransformerConfig(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)

@@ -24,10 +24,10 @@ from grpo_jax.config import (
     TaskConfig,
 )
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.rollout.codegen import AsyncRollout, make_rollout
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.sandbox.types import Limits
 from grpo_jax.tokenization.code import CodeTokenizer
-from grpo_jax.train.rollout import AsyncRollout, make_rollout
 
 B, G, T = 4, 4, 24
 MODEL = tfm.TransformerConfig(vocab_size=512, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=64)

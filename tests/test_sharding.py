@@ -1,4 +1,4 @@
-"""grpo_jax.train.sharding in-process, on the one CPU device of the test process.
+"""grpo_jax.runtime.sharding in-process, on the one CPU device of the test process.
 
 Multi-device layouts need no fake devices: the spec rules (param_spec, tree_shardings, pool_shardings,
 batch_parallelism) only read the mesh's axis sizes, so they are checked on `jax.sharding.AbstractMesh`es
@@ -19,7 +19,7 @@ from jax.tree_util import DictKey, GetAttrKey
 
 from grpo_jax import pool
 from grpo_jax.policies import transformer as tfm
-from grpo_jax.train import sharding as sh
+from grpo_jax.runtime import sharding as sh
 
 # every parameter kind: column (q/k/v/gate/up) and row (o/down) kernels, column and row biases, norms, the
 # embedding, a value head; q/k/v/o kernels and biases have 4096 / 128 elements, the MLP kernels 16384
@@ -439,7 +439,7 @@ def test_set_cpu_devices_after_the_backend_started_names_the_flag():
 
 _TWO_CPU_DEVICES = """
 import jax, jax.numpy as jnp, numpy as np
-from grpo_jax.train import sharding as sh
+from grpo_jax.runtime import sharding as sh
 sh.set_cpu_devices(2)
 assert jax.device_count() == 2, jax.devices()
 from grpo_jax.policies import transformer as tfm

@@ -1,6 +1,6 @@
 """Faults of the main job's surroundings: a second run on a workdir in use is refused by the workdir's lock
 (grpo_jax.train.workdir; one line, exit 2), and an unusable or damaged compilation cache
-(grpo_jax.train.compile_cache) costs one warning line, never the run."""
+(grpo_jax.runtime.compile_cache) costs one warning line, never the run."""
 
 import os
 import signal
@@ -13,7 +13,8 @@ import jax
 import mainjob
 import pytest
 
-from grpo_jax.train import compile_cache, workdir
+from grpo_jax.runtime import compile_cache
+from grpo_jax.train import workdir
 from grpo_jax.train.build import RunConfigError, build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +136,7 @@ DAMAGED = """
 import sys, jax, jax.numpy as jnp
 from pathlib import Path
 from jax._src import compilation_cache as cc
-from grpo_jax.train import compile_cache
+from grpo_jax.runtime import compile_cache
 d = Path(sys.argv[1])
 assert compile_cache.enable(str(d), min_compile_s=0.0) == str(d)
 fs = [jax.jit(lambda x: jnp.tanh(x @ x.T).sum()), jax.jit(lambda x: jnp.sin(x).sum() * 2)]

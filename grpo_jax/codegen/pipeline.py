@@ -34,7 +34,7 @@ from grpo_jax.tokenization.batch import decode_completions
 SampleFn = Callable[[np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
 # turns(problems [b], prompt, prompt_mask, tokens [b, n, T], mask, n, greedy) -> (the turn at which each of
 # the b * n samples passed (0: none), each sample's later turns: a list of dicts), for multi-turn evaluation;
-# `.max_turns` (grpo_jax.train.multiturn.EvalTurns)
+# `.max_turns` (grpo_jax.rollout.multiturn.EvalTurns)
 TurnsFn = Callable[..., tuple[np.ndarray, list]]
 
 
@@ -286,7 +286,7 @@ def evaluate(
     problem-major; texts are the model's replies (completion_for turns one into the graded completion);
     with `turns`, "greedy_turn" / "sampled_turn", the turn at which each passed (0: none), and
     "greedy_later" / "sampled_later", each sample's later turns (TurnsFn).
-    turns: multi-turn execution feedback (grpo_jax.train.multiturn.EvalTurns): the same metrics after each
+    turns: multi-turn execution feedback (grpo_jax.rollout.multiturn.EvalTurns): the same metrics after each
     turn t as "turn{t}/pass@1" (greedy) and "turn{t}/pass@k" (sampled), with "fix_rate" (greedy: of the
     problems that failed turn 1, the fraction a later turn passed); the plain keys stay turn 1's.
     """

@@ -32,7 +32,7 @@ DEFAULT_FACTOR = 5.0
 
 def cache_dir() -> Path:
     """grpo_jax's cache directory: $GRPO_JAX_CACHE_DIR, else ~/.cache/grpo_jax (also the compilation cache's
-    parent, grpo_jax.train.compile_cache)."""
+    parent, grpo_jax.runtime.compile_cache)."""
     return Path(os.environ.get("GRPO_JAX_CACHE_DIR") or Path.home() / ".cache" / "grpo_jax")
 
 

@@ -1,5 +1,5 @@
 """Continuing conversations from their KV cache: the later turns of multi-turn sampling
-(grpo_jax.train.multiturn) without encoding the earlier turns again.
+(grpo_jax.rollout.multiturn) without encoding the earlier turns again.
 
     rc = rows_from_cache(cache, comp_mask, rows)                  # turn 1's cache -> one row per trajectory
     rc, logits = extend(params, cfg, rc, tokens, mask)           # append a feedback turn [R, F] (one pass)

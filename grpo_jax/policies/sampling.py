@@ -193,17 +193,23 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     -inf logits (filtered ids) have probability exactly 0 and are never drawn. Float32
     limits: an id whose probability is below ~1e-7 of the row's total is drawn with a rounded probability
     (as jax.random.categorical's default "low" mode)."""
+    u = 1.0 - jax.random.uniform(key, (2, *logits.shape[:-1]), jnp.float32)  # (0, 1]
+    return categorical_from_uniforms(u, logits)
+
+
+def categorical_from_uniforms(u: jax.Array, logits: jax.Array) -> jax.Array:
+    """`sample_categorical` with its two uniforms given: u [2, ...] in (0, 1], one pair per row of logits
+    [..., V] (the continuous engine draws each row's pair from that row's own key)."""
     lead, v = logits.shape[:-1], logits.shape[-1]
     nb = -(-v // CDF_BLOCK)
     x = logits.astype(jnp.float32)
     p = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
     if nb * CDF_BLOCK != v:
         p = jnp.pad(p, [(0, 0)] * len(lead) + [(0, nb * CDF_BLOCK - v)])
-    u = 1.0 - jax.random.uniform(key, (2, *lead), jnp.float32)  # (0, 1]
     return _inverse_cdf(p.reshape(*lead, nb, CDF_BLOCK), u[0], u[1])
 
 
-def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
+def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams, uniforms: jax.Array | None = None):
     """Sample (or argmax) one token per row; return (tokens int32, behaviour logp float32).
 
     Sampling (temperature > 0): the token is drawn (`sample_categorical`) from softmax(f), f =
@@ -213,7 +219,8 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     the same ops as before truncation was accounted for (the truncated log-softmax runs only in a `lax.cond`
     branch taken when a filter is on). Greedy (temperature <= 0): token = argmax(logits), logp =
     log_softmax(logits)[token] (temperature 1, untruncated, whatever top_k / top_p say; the argmax is always
-    inside the kept set)."""
+    inside the kept set). `uniforms` [2, ...]: the draw's uniforms in (0, 1] given instead of `key`
+    (categorical_from_uniforms; the continuous engine's per-row keys)."""
     greedy = sp.temperature <= 0
     lg = logits.astype(jnp.float32) / jnp.where(greedy, 1.0, sp.temperature)
     lsm = jax.nn.log_softmax(lg, axis=-1)
@@ -223,7 +230,9 @@ def choose_tokens(logits: jax.Array, key: jax.Array, sp: SamplingParams):
     tok = jax.lax.cond(
         greedy,
         lambda: jnp.argmax(lg, axis=-1).astype(jnp.int32),
-        lambda: sample_categorical(key, filt),
+        lambda: (
+            sample_categorical(key, filt) if uniforms is None else categorical_from_uniforms(uniforms, filt)
+        ),
     )
     lp = jnp.take_along_axis(lsm, tok[..., None], axis=-1)[..., 0]  # untruncated (filters off, or greedy)
 
@@ -507,6 +516,12 @@ def release_compiled() -> None:
         fn.clear_cache()
 
 
+def track(fn):
+    """Register a jitted function (anything with `clear_cache()`) with `release_compiled`; returns it."""
+    _SAMPLERS.add(fn)
+    return fn
+
+
 def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
     """fn(params, *args), a sampler written for rollout_config(cfg, dtype), jitted and taking the POLICY's
     params: below float32 they are cast by a separate jitted call (once per call), then passed to fn. Its
@@ -525,6 +540,7 @@ def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
         cast.clear_cache()
 
     call.clear_cache = clear_cache
+    call.jitted = jitted
     return call
 
 

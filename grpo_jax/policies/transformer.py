@@ -633,13 +633,28 @@ def forward(params: Params, cfg: TransformerConfig, tokens: jax.Array, mask: jax
 
     tokens, mask: [N, S] (mask 1 for real tokens). Returns (logits [N, S, V] float32, values [N, S] | None);
     position s predicts token s+1."""
-    dtype = _dt(cfg.compute_dtype)
     mask = mask.astype(bool)
-    pos = _rot(cfg, prompt_positions(mask))
-    x = params["embed"][tokens].astype(dtype)
     s = tokens.shape[-1]
     causal = jnp.tril(jnp.ones((s, s), bool))
     allowed = causal[None, None, None] & mask[:, None, None, None, :]  # [N,1,1,S,S]
+    return forward_masked(params, cfg, tokens, prompt_positions(mask), allowed)
+
+
+def forward_masked(
+    params: Params,
+    cfg: TransformerConfig,
+    tokens: jax.Array,
+    positions: jax.Array,
+    allowed: jax.Array,
+    return_hidden: bool = False,
+):
+    """The forward over token rows [N, S] with explicit RoPE positions [N, S] and attention mask `allowed`
+    (broadcastable to [N, K, group, S, S]: query s may attend key s'): `forward` with its causal, left-padded
+    mask, and the packed rows of several sequences each (grpo_jax.policies.packed). Returns (logits [N, S, V]
+    float32, or with return_hidden the final-norm output [N, S, D] in the compute dtype; values | None)."""
+    dtype = _dt(cfg.compute_dtype)
+    pos = _rot(cfg, positions)
+    x = params["embed"][tokens].astype(dtype)
     scale = 1.0 / math.sqrt(cfg.dim_head)
 
     def layer(x, lp):
@@ -652,7 +667,7 @@ def forward(params: Params, cfg: TransformerConfig, tokens: jax.Array, mask: jax
         return _mlp(cfg, lp, x, dtype)
 
     x = _scan_layers(cfg, params["layers"], layer, x)
-    return _head(cfg, params, x)
+    return _head(cfg, params, x, return_hidden)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -23,15 +23,16 @@ import numpy as np
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import datasets, tasks
 from grpo_jax.config import RunConfig
-from grpo_jax.policies import lora
+from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.rollout.codegen import make_rollout
+from grpo_jax.rollout.engines import make_engine
+from grpo_jax.runtime import distributed, sharding
 from grpo_jax.sandbox.executor import Executor
-from grpo_jax.tokenization import CodeTokenizer, Tokenizer
-from grpo_jax.train import distributed, sharding
+from grpo_jax.tokenization import CodeTokenizer, Tokenizer, stop_ids
 from grpo_jax.train import workdir as workdir_lib
 from grpo_jax.train.checkpoint import Checkpointer
 from grpo_jax.train.logging import MetricsLogger
-from grpo_jax.train.rollout import make_rollout
 from grpo_jax.train.state import RunState, init_state, make_optimizer
 from grpo_jax.train.step import make_train_step
 
@@ -74,7 +75,7 @@ class Run:
     t_start: float = dataclasses.field(default_factory=time.perf_counter)
     step_times: list = dataclasses.field(default_factory=list)
     memory_after_steps: dict = dataclasses.field(default_factory=dict)  # memory_metrics() at the last step
-    eval_samplers: dict = dataclasses.field(default_factory=dict)  # {group size: the evaluation's sampler}
+    eval_engine: Any = None  # the held-out evaluation's rollout engine (the policy's own weights dtype)
     workdir_lock: Any = None  # process 0's lock on the workdir (grpo_jax.train.workdir), None: a reader
 
     def close(self) -> None:
@@ -130,8 +131,11 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
             param_fn=param_fn,
             shardings=(state_sh.train, batch_sh, state_sh.frozen),
             micro_batches=cfg.optim.micro_batches,
+            pack_tokens=cfg.optim.pack_tokens,
+            pad_id=tok.pad_id,
         )
         return Run(
+            eval_engine=eval_engine(cfg, model, tok),
             cfg=cfg,
             ctx=ctx,
             mesh=mesh,
@@ -155,6 +159,22 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
         if held is not None:
             held.release()
         raise
+
+
+def eval_engine(cfg: RunConfig, model: tfm.TransformerConfig, tok):
+    """The held-out evaluation's rollout engine: --rollout_engine's kind, sampling the policy as it is (a
+    bfloat16 policy from its bf16 weight copy; sampling.policy_weights_dtype), never in --rollout_dtype."""
+    ro = cfg.rollout
+    return make_engine(
+        ro.engine,
+        model,
+        max_new=ro.max_new_tokens,
+        eos_ids=stop_ids(tok),
+        pad_id=tok.pad_id,
+        weights_dtype=sampling.policy_weights_dtype(model),
+        slots=ro.engine_slots,
+        chunk=ro.engine_chunk,
+    )
 
 
 def hold_workdir(cfg: RunConfig, ctx: distributed.Context, executor: Executor | None):
@@ -185,10 +205,14 @@ def tasks_line(cfg: RunConfig, p: Problems, executor: Executor | None) -> str:
         "mbpp": "MBPP train split",
         "codeio": "CodeI/O train split",
     }.get(t.source, t.train_data)
+    engine = cfg.rollout.engine
+    if engine == "continuous":
+        engine += f" ({cfg.rollout.engine_slots} slots"
+        engine += "; pool members: the static engine)" if cfg.pool.enabled else ")"
     return (
         f"tasks: {len(p.sft)} SFT / {len(p.rl)} RL training problems ({what}), {len(p.heldout)} held-out"
-        f"{''.join(f', {len(v)} {k}' for k, v in p.extra.items())}; prompts {t.prompt_format}"
-        + (f"; sandbox tier {executor.tier}" if executor is not None else "")
+        f"{''.join(f', {len(v)} {k}' for k, v in p.extra.items())}; prompts {t.prompt_format}; "
+        f"{engine} rollout engine" + (f"; sandbox tier {executor.tier}" if executor is not None else "")
     )
 
 

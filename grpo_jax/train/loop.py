@@ -31,10 +31,14 @@ import numpy as np
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.config import OptimConfig, RunConfig
+from grpo_jax.eval import evaluation
+from grpo_jax.eval.progress import EvalProgress
 from grpo_jax.policies import lora
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.rollout import multiturn
+from grpo_jax.runtime.memory import memory_metrics
 from grpo_jax.sandbox.executor import Executor
-from grpo_jax.train import multiturn, sft
+from grpo_jax.train import sft
 from grpo_jax.train.build import Run, RunConfigError, build, placed_state
 from grpo_jax.train.checkpoint import SignalFlag
 from grpo_jax.train.export import export, params_digest
@@ -44,17 +48,15 @@ from grpo_jax.train.logging import (
     PassRateTable,
     Progress,
     final_table,
-    memory_metrics,
     write_json_atomic,
 )
 from grpo_jax.train.resume import check_sft_source, restore, save, sft_params_from
-from grpo_jax.train.samplers import EvalProgress, eval_sampler, release_eval_samplers, release_samplers
 from grpo_jax.train.state import RunState, make_optimizer
 
 __all__ = ["RunConfigError", "evaluate", "finish", "rl_step", "run", "setup", "sft_warm_start", "train"]
 
 CONSOLE_KEYS = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
-CONSOLE_KEYS += multiturn.CONSOLE_KEYS
+CONSOLE_KEYS += multiturn.CONSOLE_KEYS  # grpo_jax.rollout.multiturn
 
 
 def run(cfg: RunConfig, executor: Executor, print_fn: Callable[[str], None] = print, notes=()) -> dict:
@@ -205,54 +207,36 @@ def rl_step(run: Run, state: RunState, step: int, progress: Progress) -> RunStat
 
 
 def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
-    """Held-out metrics of the current policy (after `step` RL steps), logged at that step."""
+    """Held-out metrics of the current policy (after `step` RL steps), logged at that step: the held-out set
+    (greedy pass@1 and pass@k, per turn with --eval_max_turns) and greedy pass@1 of the extra sets, through
+    the run's evaluation engine (grpo_jax.eval.evaluation; the "eval" stream: training never depends on
+    it)."""
     cfg = run.cfg
     params = state.train.params if run.param_fn is None else run.param_fn(state.train.params, state.frozen)
     t = time.perf_counter()
-    release_samplers(run)
-    sb = cfg.sandbox
-    common = dict(
-        batch=cfg.eval.batch,
-        deadline_s=sb.deadline_s,
-        fmt=cfg.tasks.prompt,
-        stop_on_failure=sb.stop_on_failure,
-    )
-    # the extra sets' batches of long prompts hold fewer rows: no more prompt positions than a held-out batch
-    common["max_batch_tokens"] = cfg.eval.batch * cfg.tasks.prompt_len
-
-    def sampler(name, problems, prompt_len):  # the batches' plan and a progress line when it takes long
-        plan = pipeline.plan_batches(
-            run.tok, problems, prompt_len, cfg.eval.batch, cfg.tasks.prompt, common["max_batch_tokens"]
+    if not cfg.rollout.async_rewards:  # (an asynchronous rollout may be sampling now)
+        evaluation.release_all()
+    policy = evaluation.Policy(params, run.tok, cfg.tasks.prompt, run.ctx.host)
+    spec = evaluation.spec_from_config(cfg, run.eval_engine)
+    out: dict = {}
+    sets = [("heldout", run.problems.heldout, spec)]
+    sets += [(name, probs, spec.greedy_only()) for name, probs in run.problems.extra.items()]
+    for name, problems, sp in sets:
+        batches = evaluation.plan(policy, problems, sp)
+        prog = EvalProgress(
+            len(batches), lambda line, n=name: run.print(f"[eval {tag}] {n} {line}"), quiet_s=10.0
         )
-        prog = EvalProgress(len(plan), lambda line: run.print(f"[eval {tag}] {name} {line}"), quiet_s=10.0)
         key = rng_lib.derive(state.train.rng["eval"], step, name)
-        return prog.sampler(eval_sampler(run, params, key)), plan
-
-    fn, plan = sampler("heldout", run.problems.heldout, cfg.tasks.prompt_len)
-    res = pipeline.evaluate(
-        fn,
-        run.executor,
-        run.tok,
-        run.problems.heldout,
-        n_samples=cfg.eval.samples,
-        ks=cfg.eval.ks,
-        prompt_len=cfg.tasks.prompt_len,
-        turns=multiturn.eval_turns(run, params, rng_lib.derive(state.train.rng["eval"], step, "turns")),
-        plan=plan,
-        **common,
-    )
-    for name, problems in run.problems.extra.items():  # greedy pass@1, prompts batched by length
-        fn, plan = sampler(name, problems, None)
-        more = pipeline.evaluate(
-            fn, run.executor, run.tok, problems, n_samples=0, ks=(), prompt_len=None, plan=plan, **common
+        res = evaluation.evaluate(
+            policy, run.eval_engine, run.executor, problems, key, sp, progress=prog, batches=batches
         )
-        res[f"{name}/pass@1"] = more["pass@1"]
-    release_eval_samplers(run)
-    res["seconds"] = time.perf_counter() - t
-    shown = [k for k in res if k.startswith(("pass@", "level")) or "/pass@" in k]
-    run.print(f"[eval {tag}] " + "  ".join(f"{k} {res[k]:.3f}" for k in shown))
-    run.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in res.items()})  # TB mangles "@"
-    return res
+        out.update(res if name == "heldout" else {f"{name}/pass@1": res["pass@1"]})
+    evaluation.release_engine(run.eval_engine)
+    out["seconds"] = time.perf_counter() - t
+    shown = [k for k in out if k.startswith(("pass@", "level")) or "/pass@" in k]
+    run.print(f"[eval {tag}] " + "  ".join(f"{k} {out[k]:.3f}" for k in shown))
+    run.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in out.items()})  # TB mangles "@"
+    return out
 
 
 def finish(run: Run, state: RunState, step: int) -> dict:

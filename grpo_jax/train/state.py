@@ -3,7 +3,7 @@
     RunState
       train    TrainState    what the jitted train step replaces and DONATES: step, params, optimizer state,
                              reference params, controller states, PRNG streams
-      rollout  RolloutState  what the host-side rollout updates (grpo_jax.train.rollout): the policy pool,
+      rollout  RolloutState  what the host-side rollout updates (grpo_jax.rollout): the policy pool,
                              the curriculum, the replay buffer, per-problem attempt counts, and (async
                              rollouts) the pending, already graded batch of the next step
       frozen                 read-only parameters: the LoRA base when `train.params` are adapters (else None)
@@ -26,6 +26,9 @@ import optax
 from grpo_jax import rng as rng_lib
 from grpo_jax.config import ObjectiveConfig, OptimConfig
 from grpo_jax.core.controllers import Controller, make_controller
+from grpo_jax.rollout.state import ProblemStats, RolloutState
+
+__all__ = ["ProblemStats", "RolloutState", "RunState", "TrainState", "init_state", "make_optimizer"]
 
 
 @flax.struct.dataclass
@@ -41,23 +44,6 @@ class TrainState:
     def key(self, stream: str, *names: int | str) -> jax.Array:
         """The key of `stream` for the current step (then `names`, see grpo_jax.rng.derive)."""
         return rng_lib.derive(self.rng[stream], self.step, *names)
-
-
-@flax.struct.dataclass
-class ProblemStats:
-    """Per training problem: fresh samples graded and how many passed (the pass-rate table's data)."""
-
-    attempts: jax.Array  # [N] int32
-    passes: jax.Array  # [N] int32
-
-
-@flax.struct.dataclass
-class RolloutState:
-    stats: ProblemStats
-    curriculum: Any = None  # grpo_jax.curriculum.CurriculumState
-    pool: Any = None  # grpo_jax.pool.PoolState of past policies (None: no pool)
-    replay: Any = None  # grpo_jax.replay.ReplayState of successful completions (None: no replay)
-    pending: Any = None  # the next step's RolloutBatch, already graded (async rollouts only)
 
 
 @flax.struct.dataclass

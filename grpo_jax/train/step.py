@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from grpo_jax.algorithms import Algorithm, Coefs, OldStats, PolicyOutputs, Rows, make_algorithm
@@ -42,8 +43,10 @@ from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import soft_overlong_punishment
 from grpo_jax.core.kl import kl_penalty
 from grpo_jax.core.metrics import masked_mean, masked_quantile, masked_std
+from grpo_jax.policies import packed
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.policies.logp import policy_logp_fn
+from grpo_jax.runtime.sharding import to_host
 from grpo_jax.train.state import TrainState, make_controllers
 from grpo_jax.types import RolloutBatch
 
@@ -58,7 +61,7 @@ class Engine(NamedTuple):
     algorithm: Algorithm
     obj: ObjectiveConfig
     optimizer: optax.GradientTransformation
-    forward: Callable[[Any, Any, RolloutBatch], PolicyOutputs]  # (trainable params, frozen, batch)
+    forward: Callable[..., PolicyOutputs]  # (trainable params, frozen, batch, packed layout | None)
     controllers: tuple  # (kl controller, entropy controller)
     n_mini: int
     n_micro: int
@@ -76,6 +79,8 @@ def make_train_step(
     shardings: tuple | None = None,
     jit: bool = True,
     logp_fn: LogpFn | None = None,
+    pack_tokens: int = 0,
+    pad_id: int = 0,
 ):
     """Build `train_step(state, batch, frozen=None) -> (state, metrics, outputs)` for `obj.algorithm`.
 
@@ -87,24 +92,23 @@ def make_train_step(
     params are not the whole model (LoRA: the adapters merged over the stop-gradient'ed base; the reference
     is param_fn(ref_params, frozen) likewise). jit=True compiles once with the TrainState donated;
     `shardings=(state, batch[, frozen])` pins the input/output shardings on a mesh (train/sharding.py).
+    `pack_tokens=N` > 0: the padding-free update (grpo_jax.policies.packed; the transformer `model` only, not
+    with mini-batches): before each call the batch's sequences are packed on the host into rows of N tokens
+    (one layout per micro-batch, `pad_id` between them) and the forward passes run over the packed rows;
+    the loss, gradient and metrics are those of the padded update to float rounding. It adds `pack/*`
+    metrics (rows, padding_fraction).
     """
-    if obj.overlong_cache_len > 0 and obj.loss.max_len is None:
-        raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
-    if (model is None) == (logp_fn is None):
-        raise ValueError("make_train_step: give exactly one of model and logp_fn")
-    if micro_batches < 1 or obj.mini_batches < 1:
-        raise ValueError(f"make_train_step: micro_batches={micro_batches} and mini_batches must be >= 1")
     algorithm = make_algorithm(obj)
-    if model is not None and algorithm.needs_values and not model.value_head:
-        raise ValueError(
-            f"make_train_step: algorithm={algorithm.name} needs the critic's values: a model with "
-            "TransformerConfig.value_head=True"
-        )
+    check_arguments(model, obj, algorithm, micro_batches, logp_fn, pack_tokens)
     policy = logp_fn or policy_logp_fn(model)
+    packed_policy = packed.packed_policy_fn(model) if pack_tokens else None
 
-    def forward(params, frozen, batch: RolloutBatch) -> PolicyOutputs:
+    def forward(params, frozen, batch: RolloutBatch, layout=None) -> PolicyOutputs:
         full = params if param_fn is None else param_fn(params, frozen)
-        out = policy(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
+        if layout is None:
+            out = policy(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
+        else:
+            out = packed_policy(full, layout, temperature)
         if algorithm.needs_values and (len(out) != 3 or out[2] is None):
             raise ValueError(
                 f"make_train_step: algorithm={algorithm.name} needs the critic's values from the policy "
@@ -123,26 +127,107 @@ def make_train_step(
         algorithm, obj, optimizer, forward, make_controllers(obj), obj.mini_batches, micro_batches, constrain
     )
 
-    def step(state: TrainState, batch: RolloutBatch, frozen: Any = None):
-        return train_step(engine, state, batch, frozen)
+    def step(state: TrainState, batch: RolloutBatch, frozen: Any = None, layout=None):
+        return train_step(engine, state, batch, frozen, layout)
 
-    if not jit:
-        return step
+    inner = step if not jit else compiled(step, shardings, bool(pack_tokens))
+    if not pack_tokens:
+        return inner
+    rows_multiple = 1 if shardings is None else sharding_rows(shardings[1])
+    return PackedStep(inner, pack_tokens, micro_batches, rows_multiple, pad_id)
+
+
+def check_arguments(model, obj: ObjectiveConfig, algorithm: Algorithm, micro_batches, logp_fn, pack_tokens):
+    """make_train_step's arguments that cannot work together: one ValueError naming them."""
+    if obj.overlong_cache_len > 0 and obj.loss.max_len is None:
+        raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
+    if (model is None) == (logp_fn is None):
+        raise ValueError("make_train_step: give exactly one of model and logp_fn")
+    if micro_batches < 1 or obj.mini_batches < 1:
+        raise ValueError(f"make_train_step: micro_batches={micro_batches} and mini_batches must be >= 1")
+    if model is not None and algorithm.needs_values and not model.value_head:
+        raise ValueError(
+            f"make_train_step: algorithm={algorithm.name} needs the critic's values: a model with "
+            "TransformerConfig.value_head=True"
+        )
+    if pack_tokens and (model is None or obj.mini_batches > 1):
+        raise ValueError(
+            "make_train_step: pack_tokens needs the transformer `model` (not a logp_fn) and mini_batches=1 "
+            f"(got mini_batches={obj.mini_batches})"
+        )
+
+
+def compiled(step, shardings: tuple | None, packed: bool):
+    """`step` jitted with the TrainState donated; with `shardings` = (state, batch[, frozen]) its inputs and
+    outputs pinned to them (the packed layout's rows over the batch axes)."""
     if shardings is None:
         return jax.jit(step, donate_argnums=0)
     state_sh, b_sh, *rest = shardings
+    layout_sh = None
+    if packed and isinstance(b_sh, jax.sharding.NamedSharding):
+        layout_sh = jax.sharding.NamedSharding(b_sh.mesh, jax.sharding.PartitionSpec(None, *b_sh.spec))
     jitted = jax.jit(
         step,
         donate_argnums=0,
-        in_shardings=(state_sh, b_sh, rest[0] if rest else None),
+        in_shardings=(state_sh, b_sh, rest[0] if rest else None, layout_sh),
         out_shardings=(state_sh, None, None),
     )
 
-    def sharded_step(state: TrainState, batch: RolloutBatch, frozen: Any = None):
-        return jitted(state, batch, frozen)  # frozen positional: in_shardings covers every argument
+    def sharded_step(state: TrainState, batch: RolloutBatch, frozen: Any = None, layout=None):
+        return jitted(state, batch, frozen, layout)  # positional: in_shardings covers every argument
 
     sharded_step._cache_size = jitted._cache_size
     return sharded_step
+
+
+def sharding_rows(batch_sharding) -> int:
+    """How many parts the batch sharding splits the leading (row) axis into (1: none)."""
+    if not isinstance(batch_sharding, jax.sharding.NamedSharding):
+        return 1
+    axes = batch_sharding.spec[0] if batch_sharding.spec else None
+    axes = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+    n = 1
+    for a in axes:
+        n *= batch_sharding.mesh.shape[a]
+    return n
+
+
+class PackedStep:
+    """The train step with the padding-free update: `step(state, batch, frozen)` packs the batch's sequences
+    on the host (grpo_jax.policies.packed.plan: one layout per micro-batch, rows a multiple of the batch
+    sharding's parts) and calls the jitted step with the layout (one compilation per row count)."""
+
+    def __init__(self, inner, width: int, parts: int, rows_multiple: int, pad_id: int):
+        self.inner, self.width, self.parts = inner, width, parts
+        self.rows_multiple, self.pad_id = rows_multiple, pad_id
+        self.last_plan: packed.PlanStats | None = None
+
+    def layout(self, batch: RolloutBatch):
+        """(the layout, its PlanStats) of `batch`: groups that take no part (group_mask 0) are not packed."""
+        host = to_host((batch.prompt, batch.prompt_mask, batch.completions, batch.completion_mask))
+        gm = np.asarray(to_host(batch.group_mask)) > 0
+        cmask = np.where(gm[..., None], host[3], 0)
+        return packed.plan(
+            *host[:3],
+            cmask,
+            self.width,
+            parts=self.parts,
+            rows_multiple=self.rows_multiple,
+            pad_id=self.pad_id,
+        )
+
+    def __call__(self, state: TrainState, batch: RolloutBatch, frozen: Any = None):
+        layout, st = self.layout(batch)
+        self.last_plan = st
+        state, metrics, outputs = self.inner(state, batch, frozen, jax.tree.map(jnp.asarray, layout))
+        metrics = dict(metrics)
+        metrics["pack/rows"] = jnp.float32(st.rows * self.parts)
+        metrics["pack/padding_fraction"] = jnp.float32(1.0 - st.tokens / st.capacity)
+        return state, metrics, outputs
+
+    @property
+    def _cache_size(self):
+        return self.inner._cache_size
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -150,19 +235,20 @@ def make_train_step(
 # ------------------------------------------------------------------------------------------------------------
 
 
-def train_step(e: Engine, state: TrainState, batch: RolloutBatch, frozen: Any):
-    """The whole step (see the module docstring)."""
+def train_step(e: Engine, state: TrainState, batch: RolloutBatch, frozen: Any, layout=None):
+    """The whole step (see the module docstring). `layout`: the packed layouts of the micro-batches (stacked
+    [n_micro, ...]; grpo_jax.policies.packed), None for the padded update."""
     batch, finite, rewards, mask = prepare(batch, e.obj)
     fused = e.n_mini * e.n_micro == 1  # the no-gradient pass is the first update's forward
     alg = e.algorithm
     if fused:
         ref = None
         if e.obj.uses_reference:
-            ref = sg(e.forward(state.ref_params, frozen, batch).logp)
+            ref = sg(e.forward(state.ref_params, frozen, batch, first_layout(layout)).logp)
         old = OldStats(None, None, None, ref)  # the rest comes from the first update
         coefs = signals = None
     else:
-        old = no_grad_pass(e, state, frozen, batch)
+        old = no_grad_pass(e, state, frozen, batch, layout)
         signals = measure(e, old, mask)
         coefs = coefficients(e, state, signals)
     targets = None
@@ -171,7 +257,7 @@ def train_step(e: Engine, state: TrainState, batch: RolloutBatch, frozen: Any):
     elif not fused:
         targets = alg.targets(batch, rewards, mask, old, coefs)
     rows = Rows(batch, mask, rewards, old, targets)
-    params, opt_state, per_update, first = run_updates(e, state, frozen, rows, coefs)
+    params, opt_state, per_update, first = run_updates(e, state, frozen, rows, coefs, layout)
     aux, tokens, grad_norms = per_update
     if fused:  # what the first update measured
         rows, signals, coefs = rows._replace(old=first.old, targets=first.targets), first.signals, first.coefs
@@ -199,17 +285,23 @@ def prepare(batch: RolloutBatch, obj: ObjectiveConfig):
     return batch, finite, rewards, mask
 
 
-def no_grad_pass(e: Engine, state: TrainState, frozen: Any, batch: RolloutBatch) -> OldStats:
+def first_layout(layout):
+    """The layout of the first (only) micro-batch of a stacked layout (None: the padded update)."""
+    return None if layout is None else jax.tree.map(lambda x: x[0], layout)
+
+
+def no_grad_pass(e: Engine, state: TrainState, frozen: Any, batch: RolloutBatch, layout=None) -> OldStats:
     """π_old (and V_old) at the step's parameters and π_ref, without gradients, in micro-batch chunks."""
 
-    def stats(x):
+    def stats(xs):
+        x, lay = xs
         x = e.constrain(x)
-        out = e.forward(state.params, frozen, x)
-        ref = sg(e.forward(state.ref_params, frozen, x).logp) if e.obj.uses_reference else None
+        out = e.forward(state.params, frozen, x, lay)
+        ref = sg(e.forward(state.ref_params, frozen, x, lay).logp) if e.obj.uses_reference else None
         values = None if out.values is None or not e.algorithm.needs_values else sg(out.values)
         return OldStats(sg(out.logp), sg(out.entropy), values, ref)
 
-    return unsplit(jax.lax.map(stats, split(batch, e.n_mini * e.n_micro)))
+    return unsplit(jax.lax.map(stats, (split(batch, e.n_mini * e.n_micro), layout)))
 
 
 def measure(e: Engine, old: OldStats, mask: jax.Array) -> dict[str, jax.Array]:
@@ -249,7 +341,7 @@ class FirstUpdate(NamedTuple):
     coefs: Coefs
 
 
-def run_updates(e: Engine, state: TrainState, frozen: Any, rows: Rows, coefs: Coefs | None):
+def run_updates(e: Engine, state: TrainState, frozen: Any, rows: Rows, coefs: Coefs | None, layout=None):
     """The scan over μ x mini_batches updates. Returns (params, opt_state, (aux [U, k, ...], tokens [U, k],
     grad norms [U]), FirstUpdate or None)."""
     fused = coefs is None
@@ -264,11 +356,11 @@ def run_updates(e: Engine, state: TrainState, frozen: Any, rows: Rows, coefs: Co
         mini, norm = mini_batch(e, state, rows, u, thr)
         if fused:
             (_, (aux, first)), grads = jax.value_and_grad(fused_loss, has_aux=True)(
-                params, e, frozen, mini, state, first, u == 0
+                params, e, frozen, mini, state, first, u == 0, first_layout(layout)
             )
             aux, tok = jax.tree.map(lambda x: x[None], aux), mini.mask.sum()[None]
         else:
-            grads, (aux, tok) = accumulate(e, params, frozen, mini, coefs, norm)
+            grads, (aux, tok) = accumulate(e, params, frozen, mini, coefs, norm, layout)
         updates, opt_state = e.optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state, first), (aux, tok, optax.tree.norm(grads))
@@ -292,10 +384,10 @@ def first_template(e: Engine, rows: Rows) -> FirstUpdate:
     return FirstUpdate(old, targets, signals, coefs)
 
 
-def fused_loss(params, e: Engine, frozen, rows: Rows, state: TrainState, carried: FirstUpdate, first):
+def fused_loss(params, e: Engine, frozen, rows: Rows, state: TrainState, carried: FirstUpdate, first, layout):
     """The plain step's loss: at the first update its own forward gives π_old (and V_old), the controllers'
     coefficients and the targets; later epochs reuse the carried ones."""
-    out = e.forward(params, frozen, rows.batch)
+    out = e.forward(params, frozen, rows.batch, layout)
     values = None if out.values is None or not e.algorithm.needs_values else sg(out.values)
     fresh = OldStats(sg(out.logp), sg(out.entropy), values, rows.old.ref)
     old = tree_where(first, fresh, carried.old)
@@ -332,20 +424,22 @@ def mini_batch(e: Engine, state: TrainState, rows: Rows, u: jax.Array, thr) -> t
     return rows, norm
 
 
-def accumulate(e: Engine, params, frozen, rows: Rows, coefs: Coefs, norm: dict):
+def accumulate(e: Engine, params, frozen, rows: Rows, coefs: Coefs, norm: dict, layout=None):
     """The gradient of one update summed over its micro-batches (strided row blocks), each normalised by the
-    mini-batch's counts. Returns (grads, (aux [k, ...], tokens [k]))."""
+    mini-batch's counts (`layout`: each micro-batch's packed layout, stacked). Returns (grads, (aux [k, ...],
+    tokens [k]))."""
 
-    def loss(p, mb: Rows):
-        return e.algorithm.loss(e.forward(p, frozen, mb.batch), mb, coefs, norm)
+    def loss(p, mb: Rows, lay):
+        return e.algorithm.loss(e.forward(p, frozen, mb.batch, lay), mb, coefs, norm)
 
-    def micro(acc, mb: Rows):
+    def micro(acc, xs):
+        mb, lay = xs
         mb = mb._replace(batch=e.constrain(mb.batch))
-        (_, aux), g = jax.value_and_grad(loss, has_aux=True)(params, mb)
+        (_, aux), g = jax.value_and_grad(loss, has_aux=True)(params, mb, lay)
         return jax.tree.map(jnp.add, acc, g), (aux, mb.mask.sum())
 
     zeros = jax.tree.map(jnp.zeros_like, params)
-    return jax.lax.scan(micro, zeros, split(rows, e.n_micro))
+    return jax.lax.scan(micro, zeros, (split(rows, e.n_micro), layout))
 
 
 # ------------------------------------------------------------------------------------------------------------

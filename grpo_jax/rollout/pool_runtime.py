@@ -1,7 +1,7 @@
 """Host side of the policy pool in the code-generation loop: push snapshots, evaluate members, score them.
 
 The math and the stacked state live in grpo_jax.pool (pure, jitted); this module only moves tokens to the
-sandbox and rewards back, like the rollout does for the current policy (grpo_jax.train.rollout calls it):
+sandbox and rewards back, like the rollout does for the current policy (grpo_jax.rollout.codegen calls it):
 
   * `maybe_push(pool, params, step, key)`: every `push_every` steps (step > 0) the trainable parameters
     (full, or LoRA adapters) enter the ring buffer, `pushed_at = step`;
@@ -29,9 +29,9 @@ from grpo_jax import pool
 from grpo_jax.config import PoolConfig, RolloutConfig
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
+from grpo_jax.rollout.grader import Grader
+from grpo_jax.runtime.sharding import to_host
 from grpo_jax.tokenization import stop_ids
-from grpo_jax.train.grader import Grader
-from grpo_jax.train.sharding import to_host
 from grpo_jax.types import SampleOutput
 
 

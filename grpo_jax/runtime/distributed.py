@@ -239,8 +239,8 @@ class Context:
             ) from None
 
     def host(self, x: Any) -> Any:
-        """A device tree as numpy on this process (grpo_jax.train.sharding.to_host; collective)."""
-        from grpo_jax.train.sharding import to_host
+        """A device tree as numpy on this process (grpo_jax.runtime.sharding.to_host; collective)."""
+        from grpo_jax.runtime.sharding import to_host
 
         return to_host(x)
 

@@ -1,10 +1,12 @@
 """Multi-turn trajectories (--max_turns > 1): the model writes a program, sees what it did on the VISIBLE
 tests (grpo_jax.codegen.feedback), and writes it again, until a turn passes or max_turns are used.
 
-    turns = MultiTurn(sampler, grader, tok, fmt, max_turns=K, feedback_tokens=F, max_new=T, discount=d)
-    out, grades, counts, seconds = turns.run(params, problems, prompt, pmask, first, grades1, key)
+    turns = MultiTurn(engine, grader, tok, fmt, max_turns=K, feedback_tokens=F, max_new=T, discount=d)
+    out, grades, counts, seconds = turns.run(params, problems, prompt, pmask, first, grades1, key, conv, sp)
 
-`first` is turn 1 as the rollout sampled it ([B, G, T] host arrays) and `grades1` its grades. Every failed row
+`first` is turn 1 as the rollout sampled it ([B, G, T] host arrays), `grades1` its grades, `conv` the
+engine's conversations of turn 1 (engine.generate_kept; None: encode them from tokens) and `sp` the sampling
+parameters of the later turns. Every failed row
 gets a feedback turn (at most F tokens) and one more reply, sampled for all such rows of the batch at once;
 rows that passed stop (they cost no further decoding). A trajectory is packed as ONE completion of T_tot = K*T
 + (K-1)*F tokens after the prompt, with no gap:
@@ -18,13 +20,14 @@ model's tokens (0 elsewhere); `truncated` is the last turn's. The reward of a tr
 all-pass reward times discount^(turns - 1); the per-test results are the last turn's. GRPO's group advantage
 is then over the G trajectories of a prompt, as for single turns.
 
-A later turn continues the failed rows' conversations from the KV cache (grpo_jax.policies.continuation): the
-first turn's cache (the rollout's sampler returns it) is gathered per row, the feedback turn is encoded in one
-pass and the reply decoded after it; the next turn takes the rows that still fail from that cache. Batches
-are padded to a power of two rows (few compiled shapes). Without a first-turn cache (evaluation, whose first
-turn comes from another sampler) turn 2 encodes the conversation once (prompt + reply + feedback, left-padded
-to P + T + F) and continues from there. Keys: turn k of a round draws with derive(round key, "turn/k"), so
-sampling stays a function of (stream, step). One process only (config refuses --dist with --max_turns > 1).
+A later turn continues the failed rows' conversations through the rollout engine (grpo_jax.rollout.engines:
+`select` the rows, `extend` them with the feedback turn and sample the next reply; the static engine keeps the
+first turn's KV cache and encodes only the feedback turn, the continuous engine encodes the conversation
+again); the next turn takes the rows that still fail. Batches are padded to a power of two rows (few compiled
+shapes). Without first-turn conversations (evaluation, whose first turn is sampled without keeping them) turn
+2 encodes the conversation once (prompt + reply + feedback, left-padded to P + T + F, `engine.from_tokens`)
+and continues from there. Keys: turn k of a round draws with derive(round key, "turn/k"), so sampling stays a
+function of (stream, step). One process only (config refuses --dist with --max_turns > 1).
 """
 
 from __future__ import annotations
@@ -33,15 +36,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import feedback, pipeline
-from grpo_jax.policies import continuation, sampling
+from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
-from grpo_jax.tokenization import decode_completions, stop_ids
-from grpo_jax.train.grader import Grader, Grades, num_tests
+from grpo_jax.rollout.grader import Grader, Grades, num_tests
+from grpo_jax.tokenization import decode_completions
 from grpo_jax.types import SampleOutput
 
 CONSOLE_KEYS = ("multiturn/pass_after_turn1", "multiturn/fix_rate")  # on the main job's step line, when on
@@ -59,14 +61,12 @@ def trajectory_rewards(passed: np.ndarray, turns: np.ndarray, discount: float) -
 
 
 class MultiTurn:
-    """See the module docstring. `sampler.continue_from_cache(params, row_cache, feedback [R, F], mask, key)`
-    and `sampler.continue_from_tokens(params, context [R, S], mask, key)` -> (SampleOutput [R, 1, T], the
-    RowCache after it) (grpo_jax.policies.continuation); `grader` grades and runs the public-test feedback
-    jobs in its sandbox."""
+    """See the module docstring. `engine`: the rollout engine (grpo_jax.rollout.engines.RolloutEngine) the
+    later turns are sampled with; `grader` grades and runs the public-test feedback jobs in its sandbox."""
 
     def __init__(
         self,
-        sampler,
+        engine,
         grader: Grader,
         tok,
         fmt,
@@ -77,18 +77,18 @@ class MultiTurn:
         discount=1.0,
         record=False,
     ):
-        self.sampler, self.grader, self.tok, self.fmt = sampler, grader, tok, fmt
+        self.engine, self.grader, self.tok, self.fmt = engine, grader, tok, fmt
         self.K, self.F, self.T, self.discount = max_turns, feedback_tokens, max_new, discount
         self.record = record  # keep each row's later turns as text (counts["later"]: the evaluator's files)
 
     @classmethod
     def from_rollout(
-        cls, sampler, grader: Grader, tok, fmt, ro, max_turns: int | None = None, record: bool = False
+        cls, engine, grader: Grader, tok, fmt, ro, max_turns: int | None = None, record: bool = False
     ) -> MultiTurn:
         """The MultiTurn of a RolloutConfig's turns, feedback budget, reply length and discount (`max_turns`:
         another number of turns, e.g. the evaluation's; `record`: keep the later turns as text)."""
         kw = dict(feedback_tokens=ro.feedback_tokens, max_new=ro.max_new_tokens, discount=ro.turn_discount)
-        return cls(sampler, grader, tok, fmt, max_turns=max_turns or ro.max_turns, record=record, **kw)
+        return cls(engine, grader, tok, fmt, max_turns=max_turns or ro.max_turns, record=record, **kw)
 
     @property
     def length(self) -> int:
@@ -125,12 +125,15 @@ class MultiTurn:
         first: SampleOutput,
         grades: Grades,
         key,
-        cache=None,
+        conv=None,
+        sp=None,
     ) -> tuple[SampleOutput, Grades, dict, float]:
         """(trajectories [B, G, T_tot] as host arrays, their grades, counts for `turn_metrics`, sampling
-        seconds)."""
+        seconds). `conv`: the first turn's conversations (engine.generate_kept; None: encoded from tokens);
+        `sp`: the later turns' sampling parameters (default: temperature 1)."""
+        sp = sampling.sampling_params() if sp is None else sp
         tr = _Trajectories(self, problems, first, grades)
-        rc = held = None  # rc: the RowCache of the rows `held` (the last turn's batch)
+        rc = held = None  # rc: the engine's conversations of the rows `held` (the last turn's batch)
         for k in range(2, self.K + 1):
             rows = np.flatnonzero(~tr.passed)
             if not rows.size:
@@ -154,20 +157,16 @@ class MultiTurn:
             tr.counts["fb"] += sum(len(ids) for ids in fb)
             t0 = time.perf_counter()
             key_k = rng_lib.derive(key, f"turn/{k}")
-            if rc is None and cache is None:  # no first-turn cache (evaluation): encode the conversations
+            if rc is None and conv is None:  # no first-turn conversations (evaluation): encode them
                 ctx, cmask = self.contexts(prompt, pmask, tr.tokens, tr.length, idx, k)
-                out, rc = self.sampler.continue_from_tokens(
-                    params, jnp.asarray(ctx), jnp.asarray(cmask), key_k
-                )
-            else:  # continue the cached conversations: only the feedback turn is encoded
+                out, rc = self.engine.from_tokens(params, ctx, cmask, key_k, sp=sp)
+            else:  # continue the kept conversations with the feedback turn
                 if rc is None:
-                    rc = continuation.rows_from_cache(cache, jnp.asarray(first.mask), jnp.asarray(idx))
+                    rc = self.engine.select(conv, idx)
                 else:
                     where = {r: j for j, r in reversed(list(enumerate(held)))}
-                    rc = continuation.take(rc, jnp.asarray([where[r] for r in idx]))
-                out, rc = self.sampler.continue_from_cache(
-                    params, rc, jnp.asarray(fb_tok), jnp.asarray(fb_mask), key_k
-                )
+                    rc = self.engine.select(rc, [where[r] for r in idx])
+                out, rc = self.engine.extend(params, rc, fb_tok, fb_mask, key_k, sp=sp)
             held = idx
             reply = [np.asarray(x)[: rows.size, 0] for x in (out.tokens, out.mask, out.logp, out.truncated)]
             tr.t_sample += time.perf_counter() - t0
@@ -284,63 +283,49 @@ def turn_metrics(counts: Sequence[dict]) -> dict[str, float]:
 
 
 class EvalTurns:
-    """The later turns of a held-out evaluation (`pipeline.evaluate(..., turns=EvalTurns(...))`): called with
-    each batch's turn-1 samples, it runs turns 2..K on the failed ones with the evaluation's sampling
-    (greedy, or `ro`'s temperature / top-k / top-p, as turn 1; keys derived from `key` per call) and returns
-    the turn at which each sample passed (0: none) and each sample's later turns as text: a list per sample of
-    {"turn", "feedback" (as the model saw it), "reply", "passed", "status"} (empty when turn 1 passed)."""
+    """The later turns of an evaluation (`pipeline.evaluate(..., turns=EvalTurns(...))`): called with each
+    batch's turn-1 samples, it runs turns 2..K on the failed ones through `engine` with the evaluation's
+    sampling (greedy, or `sampled`'s temperature / top-k / top-p, as turn 1; keys derived from `key` per call)
+    and returns the turn at which each sample passed (0: none) and each sample's later turns as text: a list
+    per sample of {"turn", "feedback" (as the model saw it), "reply", "passed", "status"} (empty when turn 1
+    passed). `limits`: the sandbox's deadline and stop-on-failure (a SandboxConfig or grader.GradeLimits)."""
 
-    def __init__(self, model, tok, fmt, executor, sandbox, ro, params, key, max_turns=None):
-        self.tok, self.fmt, self.executor, self.sandbox, self.ro = tok, fmt, executor, sandbox, ro
-        greedy, sampled = (
-            sampling.sampling_params(0.0),
-            sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
-        )
-        self.params, self.key, self.calls, self.modes = params, key, 0, {True: greedy, False: sampled}
-        self.max_turns = max_turns or ro.max_turns
-        eos = tuple(int(i) for i in stop_ids(tok))
-        self.cont = continuation.make_continuer(
-            model, max_new=ro.max_new_tokens, eos_id=eos, pad_id=tok.pad_id
-        )
-        self.stops, self.sp = np.asarray(eos), greedy
-
-    def continue_from_tokens(self, params, ctx, cmask, key):
-        return self.cont.from_tokens(params, ctx, cmask, key, self.sp)
-
-    def continue_from_cache(self, params, rc, tokens, mask, key):
-        return self.cont.extend_decode(params, rc, tokens, mask, key, self.sp)
+    def __init__(
+        self,
+        engine,
+        tok,
+        fmt,
+        executor,
+        limits,
+        params,
+        key,
+        *,
+        sampled,
+        max_turns: int,
+        feedback_tokens: int,
+        discount: float = 1.0,
+    ):
+        self.engine, self.tok, self.fmt, self.executor, self.limits = engine, tok, fmt, executor, limits
+        self.modes = {True: sampling.sampling_params(0.0), False: sampled}
+        self.params, self.key, self.calls, self.max_turns = params, key, 0, max_turns
+        self.kw = dict(max_turns=max_turns, feedback_tokens=feedback_tokens, max_new=engine.max_new)
+        self.discount = discount
+        self.stops = np.asarray(engine.eos_ids)
 
     def __call__(
         self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool
     ) -> tuple[np.ndarray, list]:
-        self.calls, self.sp = self.calls + 1, self.modes[greedy]
+        self.calls += 1
         grader = Grader(
-            self.executor, self.sandbox, self.tok, self.fmt, group=n, num_tests=num_tests(problems)
+            self.executor, self.limits, self.tok, self.fmt, group=n, num_tests=num_tests(problems)
         )
         tokens, mask = np.asarray(tokens), np.asarray(mask)
         ended = (np.isin(tokens, self.stops) & (mask > 0)).any(-1)
         first = SampleOutput(tokens, np.zeros(mask.shape, np.float32), mask, None, ~ended)
         grades = grader.grade(problems, tokens, mask)
-        mt = MultiTurn.from_rollout(self, grader, self.tok, self.fmt, self.ro, self.max_turns, record=True)
+        mt = MultiTurn(
+            self.engine, grader, self.tok, self.fmt, discount=self.discount, record=True, **self.kw
+        )
         key = rng_lib.derive(self.key, self.calls)
-        counts = mt.run(self.params, problems, prompt, pmask, first, grades, key)[2]
+        counts = mt.run(self.params, problems, prompt, pmask, first, grades, key, sp=self.modes[greedy])[2]
         return counts["passed_turn"], counts["later"]
-
-
-def eval_turns(run, params, key) -> EvalTurns | None:
-    """The held-out evaluation's later turns of a run (grpo_jax.train.loop.evaluate): --eval_max_turns, else
-    --max_turns; None for one turn."""
-    ro, turns = run.cfg.rollout, run.cfg.eval.max_turns or run.cfg.rollout.max_turns
-    if turns == 1:
-        return None
-    return EvalTurns(
-        run.model,
-        run.tok,
-        run.cfg.tasks.prompt,
-        run.executor,
-        run.cfg.sandbox,
-        ro,
-        params,
-        key,
-        max_turns=turns,
-    )

@@ -28,7 +28,7 @@ import numpy as np
 from grpo_jax import curriculum, replay
 from grpo_jax.config import CurriculumConfig, ReplayConfig
 from grpo_jax.problem import Problem
-from grpo_jax.train.state import ProblemStats, RolloutState
+from grpo_jax.rollout.state import ProblemStats, RolloutState
 
 
 class GradedRound(NamedTuple):

@@ -1,4 +1,5 @@
-"""The rollout of the code loop: ProblemSource (which problems) + Sampler (completions) + Grader (rewards).
+"""The rollout of the code loop: ProblemSource (which problems) + a rollout engine (completions) + Grader
+(rewards).
 
     rollout = make_rollout(cfg, tok, executor, problems, model, param_fn, ...)   # builds the three parts
     rollout.bind(frozen)                                            # the LoRA base (None: full fine-tuning)
@@ -15,13 +16,15 @@ synchronous rollout's `settle` does nothing; `AsyncRollout` wraps the same inter
 One `produce` of CodegenRollout:
   1. pool push: every `pool.push_every` steps a snapshot of `params` enters the policy pool;
   2. problems: B − R fresh ones and R replayed successes (ProblemSource.draw);
-  3. G completions per prompt on the device (Sampler.generate); for a replayed problem the G-th member is
-     replaced (on the device) by the stored success with its stored behaviour log-probs;
+  3. G completions per prompt (the rollout engine's generate, grpo_jax.rollout.engines); for a replayed
+     problem the G-th member is replaced (on the device) by the stored success with its stored behaviour
+     log-probs;
   4. tokens out, rewards in: the host decodes and the sandbox grades (Grader.grade);
   5. dynamic sampling (DAPO): groups whose rewards are all equal are refilled with fresh draws, at most
      `dynamic_max_rounds` extra rounds; the batch is gathered on the device from the kept rows; groups still
      missing are masked out (group_mask 0);
-  6. the pool baseline b_pool(q) for the final prompts (grpo_jax.train.pool_host), if the objective uses it;
+  6. the pool baseline b_pool(q) for the final prompts (grpo_jax.rollout.pool_runtime), if the objective uses
+     it;
   7. the rollout state (ProblemSource.update): counts, curriculum, replay.
 Prompts go to the device once per round and samples stay there; the host sees token ids and sends back
 rewards and row indices.
@@ -41,16 +44,17 @@ import numpy as np
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.rewards import child_checked_fractions, failure_counts
+from grpo_jax.policies import sampling
+from grpo_jax.rollout.engines import RolloutEngine, make_engine
+from grpo_jax.rollout.grader import Grader, Grades, num_tests
+from grpo_jax.rollout.multiturn import MultiTurn, turn_metrics
+from grpo_jax.rollout.pool_runtime import PoolRuntime
+from grpo_jax.rollout.problem_source import GradedRound, ProblemSource
+from grpo_jax.rollout.state import RolloutState
+from grpo_jax.runtime import sharding
+from grpo_jax.runtime.distributed import Context
+from grpo_jax.runtime.memory import release_host_memory
 from grpo_jax.tokenization import stop_ids
-from grpo_jax.train import sharding
-from grpo_jax.train.distributed import Context
-from grpo_jax.train.grader import Grader, Grades, num_tests
-from grpo_jax.train.logging import release_host_memory
-from grpo_jax.train.multiturn import MultiTurn, turn_metrics
-from grpo_jax.train.pool_host import PoolRuntime
-from grpo_jax.train.problem_source import GradedRound, ProblemSource
-from grpo_jax.train.samplers import KVCacheSampler, Sampler
-from grpo_jax.train.state import RolloutState
 from grpo_jax.types import RolloutBatch, SampleOutput, batch_from_samples, empty_batch
 
 
@@ -87,7 +91,8 @@ class Round:
     replayed: np.ndarray  # [B] bool: the group's G-th member is a replayed success
     tokens: int
     t_sample: float
-    turns: dict | None = None  # multi-turn counts (grpo_jax.train.multiturn.turn_metrics)
+    turns: dict | None = None  # multi-turn counts (grpo_jax.rollout.multiturn.turn_metrics)
+    engine: dict | None = None  # the engine's counts of the first turn's call (RolloutEngine.last_stats)
 
     def fresh(self) -> np.ndarray:
         """[B, G] 1 for freshly sampled members (a replayed G-th member is not fresh evidence)."""
@@ -101,11 +106,12 @@ class CodegenRollout:
     def __init__(
         self,
         source: ProblemSource,
-        sampler: Sampler,
+        engine: RolloutEngine,
         grader: Grader,
         encode,
         *,
         group: int,
+        sp: sampling.SamplingParams | None = None,
         dynamic_rounds: int = 0,
         pool: PoolRuntime | None = None,
         param_fn=None,
@@ -114,7 +120,8 @@ class CodegenRollout:
         log_every: int = 1,
         turns: MultiTurn | None = None,
     ):
-        self.source, self.sampler, self.grader, self.encode = source, sampler, grader, encode
+        self.source, self.engine, self.grader, self.encode = source, engine, grader, encode
+        self.sp = sampling.sampling_params() if sp is None else sp
         self.turns = turns
         self.B, self.G, self.rounds, self.pool_rt = source.B, group, dynamic_rounds, pool
         self.param_fn, self.frozen, self.ctx = param_fn, None, ctx or Context()
@@ -197,9 +204,10 @@ class CodegenRollout:
         prompt, pmask = self.place(host_prompt)  # the prompts' one trip to the device
         t0 = time.perf_counter()
         if self.turns is None:
-            out, cache = self.sampler.generate(params, prompt, pmask, key), None
-        else:  # the later turns continue from the first turn's KV cache
-            out, cache = self.sampler.generate_cached(params, prompt, pmask, key)
+            out, conv = self.engine.generate(params, prompt, pmask, key, n=self.G, sp=self.sp), None
+        else:  # the later turns continue the first turn's conversations
+            out, conv = self.engine.generate_kept(params, prompt, pmask, key, n=self.G, sp=self.sp)
+        stats = dict(self.engine.last_stats)
         n_rep = 0 if replayed is None else int(replayed["problem"].shape[0])
         if n_rep:
             out = splice_replayed(out, replayed, n_rep)
@@ -213,11 +221,20 @@ class CodegenRollout:
             logp, trunc = self.ctx.host((out.logp, out.truncated))
             first = SampleOutput(tokens, logp, mask, None, trunc)
             out, grades, counts, t_more = self.turns.run(
-                params, probs, *host_prompt, first, grades, key, cache
+                params, probs, *host_prompt, first, grades, key, conv, self.sp
             )
             t1, mask = t1 + t_more, out.mask
         return Round(
-            np.asarray(idx), prompt, pmask, out, grades, replayed_rows, int(mask.sum()), t1 - t0, counts
+            np.asarray(idx),
+            prompt,
+            pmask,
+            out,
+            grades,
+            replayed_rows,
+            int(mask.sum()),
+            t1 - t0,
+            counts,
+            stats,
         )
 
     def sample_row(self, x: Round, b: int) -> dict:
@@ -297,6 +314,11 @@ def round_metrics(rounds: list[Round]) -> dict[str, float]:
     m.update({f"sandbox/{k}": float(v) for k, v in failure_counts(verdicts).items()})
     m.update({f"sandbox/{k}": v for k, v in child_checked_fractions(verdicts).items()})
     m.update(turn_metrics([x.turns for x in rounds if x.turns is not None]))
+    stats = [x.engine for x in rounds if x.engine]
+    if stats:  # the first turn's sampling: the share of the row-steps decoded that no reply needed
+        useful, computed = sum(s["useful_tokens"] for s in stats), sum(s["row_steps"] for s in stats)
+        m["rollout/padding_fraction"] = 1.0 - useful / max(computed, 1.0)
+        m["rollout/decode_steps"] = float(sum(s["decode_steps"] for s in stats))
     return m
 
 
@@ -366,9 +388,9 @@ class AsyncRollout:
 
 
 def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=None, batch_sharding=None):
-    """The run's rollout from its config sections: a ProblemSource (tasks, curriculum, replay), the policy's
-    KV-cache Sampler (rollout), a Grader (sandbox) and, with a pool, its PoolRuntime (pool); async with
-    --async_rewards. `cfg` is the RunConfig; none of the three parts sees it."""
+    """The run's rollout from its config sections: a ProblemSource (tasks, curriculum, replay), the rollout
+    engine (--rollout_engine, rollout), a Grader (sandbox) and, with a pool, its PoolRuntime (pool); async
+    with --async_rewards. `cfg` is the RunConfig; none of the three parts sees it."""
     ro, fmt = cfg.rollout, cfg.tasks.prompt
     # the procedural suite's training levels; other sources (MBPP, CodeI/O, files) are one level, 0
     levels = cfg.tasks.rl_levels if cfg.tasks.source == "procedural" else (0,)
@@ -383,7 +405,16 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
     owned = None if batch_sharding is None else sharding.owned_rows(ro.prompts_per_step, batch_sharding)
     m = num_tests(problems)
     grader = Grader(executor, cfg.sandbox, tok, fmt, group=ro.group_size, num_tests=m, ctx=ctx, owned=owned)
-    sampler = KVCacheSampler(model_cfg, ro, eos_ids=stop_ids(tok), pad_id=tok.pad_id)
+    engine = make_engine(
+        ro.engine,
+        model_cfg,
+        max_new=ro.max_new_tokens,
+        eos_ids=stop_ids(tok),
+        pad_id=tok.pad_id,
+        weights_dtype=ro.rollout_dtype,
+        slots=ro.engine_slots,
+        chunk=ro.engine_chunk,
+    )
     pool = None
     if cfg.pool.enabled:
         pool_grader = Grader(executor, cfg.sandbox, tok, fmt, group=cfg.pool.samples_per_member, num_tests=m)
@@ -403,13 +434,14 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
     rounds = ro.dynamic_max_rounds if ro.dynamic_sampling else 0
     turns = None
     if ro.max_turns > 1:
-        turns = MultiTurn.from_rollout(sampler, grader, tok, fmt, ro)
+        turns = MultiTurn.from_rollout(engine, grader, tok, fmt, ro)
     inner = CodegenRollout(
         source,
-        sampler,
+        engine,
         grader,
         encode,
         group=ro.group_size,
+        sp=sampling.sampling_params(ro.temperature, ro.top_k, ro.top_p),
         dynamic_rounds=rounds,
         pool=pool,
         param_fn=param_fn,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -22,9 +23,18 @@ from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.rewards import per_test_rewards
 from grpo_jax.config import SandboxConfig
 from grpo_jax.problem import Problem
+from grpo_jax.runtime.distributed import Context
 from grpo_jax.sandbox.executor import Executor
 from grpo_jax.tokenization import Tokenizer, decode_completions
-from grpo_jax.train.distributed import Context
+
+
+class GradeLimits(NamedTuple):
+    """What a Grader takes of the sandbox settings, for a caller without a run config (experiments.evaluate):
+    the deadline of one batch of programs (None: none) and whether a program's tests stop at its first
+    failure (SandboxConfig has both)."""
+
+    deadline_s: float | None = None
+    stop_on_failure: bool = False
 
 
 @dataclasses.dataclass
@@ -51,7 +61,7 @@ class Grader:
     def __init__(
         self,
         executor: Executor,
-        sandbox: SandboxConfig,
+        sandbox: SandboxConfig | GradeLimits,
         tok: Tokenizer,
         fmt: pipeline.PromptFormat,
         *,
@@ -61,7 +71,7 @@ class Grader:
         owned: np.ndarray | None = None,
     ):
         self.executor, self.deadline_s, self.tok, self.fmt = executor, sandbox.deadline_s, tok, fmt
-        self.stop = bool(getattr(sandbox, "stop_on_failure", False))  # --sandbox_stop_on_failure
+        self.stop = bool(sandbox.stop_on_failure)  # --sandbox_stop_on_failure
         self.G, self.num_tests = group, num_tests
         self.ctx, self.owned = ctx or Context(), owned
 
