@@ -219,3 +219,29 @@ def test_continuous_engine_on_a_two_device_mesh():
         [sys.executable, "-c", _MESH_CHILD], env=env, capture_output=True, text=True, timeout=300
     )
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr[-3000:]
+
+
+def test_main_job_on_the_continuous_engine_with_packing_resumes_bit_identically(tmp_path):
+    """The main job with --rollout_engine=continuous, the packed update and 2-turn trajectories: it logs the
+    engine's padding figure and the packed rows; killed with SIGKILL after its step-4 checkpoint, the same
+    command resumes and ends with the uninterrupted run's final parameters."""
+    import json
+
+    import mainjob
+
+    args = (mainjob.TINY, "--rollout_engine=continuous", "--engine_slots=8", "--engine_chunk=4")
+    args += ("--pack_tokens=192", "--max_turns=2", "--feedback_tokens=96")
+    with mainjob.executor() as ex:
+        ref, _ = mainjob.run(*args, workdir=tmp_path / "ref", executor=ex)
+    m = mainjob.metrics(tmp_path / "ref")
+    assert sorted(m) == [1, 2, 3, 4, 5, 6]
+    assert all(0.0 <= m[s]["rollout/padding_fraction"] < 1.0 and m[s]["pack/rows"] >= 1 for s in m)
+    assert all(0.0 < m[s]["pack/padding_fraction"] < 1.0 for s in m)
+    assert m[1]["logp_mismatch"] < 1e-5  # the engine's behaviour log-probs are the packed trainer's
+    wd = tmp_path / "killed"
+    mainjob.kill_after_checkpoint(*args, workdir=wd, step=4)
+    assert not (wd / "results.json").exists()
+    resumed = mainjob.subprocess_run(*args, f"--workdir={wd}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    got = json.loads((wd / "results.json").read_text())
+    assert got["final_params_sha256"] == ref["final_params_sha256"]

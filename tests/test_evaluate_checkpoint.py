@@ -192,6 +192,24 @@ def test_checkpoint_heldout_equals_the_main_jobs_own_evaluation(env, name):
         assert main_metrics[f"status/{s}"] == c
 
 
+def test_the_continuous_engine_evaluates_with_the_same_greedy_replies(env):
+    """--rollout_engine=continuous: the same library, another engine; greedy decoding is deterministic, so
+    its greedy replies are the static engine's (the main job's); the samples are draws of the same
+    distribution from per-sample keys (other tokens), graded and summarised alike."""
+    ex, runs, _, root = env
+    wd, main_metrics, main_details, _ = runs["plain"]
+    out = root / "heldout-continuous"
+    args = (f"--checkpoint={wd}:0", "--problems=heldout", f"--out_dir={out}", "--rollout_engine=continuous")
+    res = ev.evaluate_policy(
+        policy_eval(*args, "--engine_slots=4", "--engine_chunk=3"), ex, log=lambda _: None
+    )
+    assert res["sampling"]["engine"] == "continuous" and res["sampling"]["engine_slots"] == 4
+    assert [r["reply"] for r in read(out, "greedy.jsonl")] == main_details["greedy"][0]
+    assert res["metrics"]["greedy/pass@1"] == main_metrics["pass@1"]
+    samples = read(out, "samples.jsonl")
+    assert len(samples) == 2 * len(main_details["greedy"][0]) and all(r["status"] for r in samples)
+
+
 def test_summary_is_passk_of_the_per_task_counts():
     """Literal cases: tasks (n, c) = (2, 0), (2, 1), (2, 2): pass@1 = (0 + 1/2 + 1) / 3, pass@2 = 2/3; with
     (n, c) = (5, 2): pass@2 = 1 - C(3,2)/C(5,2) = 0.7."""
