@@ -11,7 +11,8 @@ takes prompts 4i .. 4i + 3), 4 prompts x G = 8, up to 512 new tokens at temperat
 end-of-generation ids, beta 0.04 (k3, a frozen reference), AdamW lr 1e-6, the chunked head (512). The reward
 is computed on the host from the decoded text (1 when the reply holds a `def`: cheap and non-constant; the
 sandbox is not what is compared). Figures: step_s_median (sample + reward + train step), sampling_s_median,
-train_step_s_median, padding_fraction_sampler (1 - reply tokens / row-steps decoded), padding_fraction_update
+train_step_s_median, last10_wait_s_median (the sampling seconds after 90 % of the samples had ended),
+padding_fraction_sampler (1 - reply tokens / row-steps decoded), padding_fraction_update
 (1 - real tokens / positions computed: the padded update's B*P + B*G*T, or the packed rows),
 useful_tokens_per_s (reply tokens, EOS included, per second of step), reply_tokens_mean, truncated_fraction,
 peak_rss_mb.
@@ -122,6 +123,7 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
         row["trunc"] = float(np.mean(out.truncated))
         row["pad_sampler"] = 1.0 - st["useful_tokens"] / max(st["row_steps"], 1.0)
         row["pad_update"] = update_pad
+        row["last10"] = _last10_s(st, np.asarray(out.lengths), t1 - t0)
         rows.append(row)
         emit(
             figure="step_s",
@@ -142,6 +144,7 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
     emit(figure="train_step_s_median", value=round(med("train"), 2), **common)
     emit(figure="padding_fraction_sampler", value=round(med("pad_sampler"), 3), **common)
     emit(figure="padding_fraction_update", value=round(med("pad_update"), 3), **common)
+    emit(figure="last10_wait_s_median", value=round(med("last10"), 2), **common)
     useful = sum(r["useful"] for r in timed) / sum(r["step"] for r in timed)
     emit(figure="useful_tokens_per_s", value=round(useful, 1), **common)
     emit(
@@ -151,6 +154,19 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
     )
     emit(figure="truncated_fraction", value=round(statistics.mean(r["trunc"] for r in timed), 3), **common)
     emit(figure="peak_rss_mb", value=_peak_rss_mb(), **common)
+
+
+def _last10_s(stats: dict, lengths, sampling_s: float) -> float:
+    """Seconds of sampling spent after 90 % of the samples had ended: the wait of a synchronous step for its
+    slowest tenth. The continuous engine times it (its chunks run once 90 % were done); a static batch decodes
+    every step alike, so its share of the steps past the 90th-percentile length is taken."""
+    if "last10_s" in stats:
+        return float(stats["last10_s"])
+    longest = float(lengths.max(initial=0))
+    if longest <= 0:
+        return 0.0
+    p90 = float(sorted(lengths.ravel())[int(0.9 * (lengths.size - 1))])
+    return sampling_s * (longest - p90) / longest
 
 
 def _packed_lengths(mask):

@@ -42,6 +42,7 @@ import numpy as np
 from grpo_jax.policies import continuation, sampling
 from grpo_jax.policies import continuous as cb
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.runtime.sharding import to_host
 from grpo_jax.types import SampleOutput
 
 ENGINES = ("static", "continuous")
@@ -65,8 +66,10 @@ class RolloutEngine(Protocol):
 
 
 def rows_stats(out: SampleOutput, seconds: float) -> dict[str, float]:
-    """A static batch's counts: every row runs until the longest ends (decode steps = the longest sample)."""
-    lengths = np.asarray(jax.device_get(out.lengths))
+    """A static batch's counts: every row runs until the longest ends (decode steps = the longest sample).
+    The lengths are read with to_host: under --dist they span every process's devices (a collective that every
+    process makes alike, as each samples the same global batch)."""
+    lengths = to_host(out.lengths)
     steps = int(lengths.max(initial=0))
     return {
         "samples": float(lengths.size),
@@ -276,6 +279,7 @@ class ContinuousEngine:
         slots = self._init(self.run_cfg, rows, p, self.max_new)
         chunk = self._chunk_fn(p)
         st = dict(chunks=0, decode_steps=0, row_steps=0, inserts=0, shrinks=0, tail_steps=0)
+        st.update(tail_s=0.0, last10_s=0.0)
         t_prefill = time.perf_counter()
         while q.done < q.total:
             if q.pending and q.free.size:
@@ -288,7 +292,7 @@ class ContinuousEngine:
                     slots = self._take(slots, jnp.asarray(keep, jnp.int32))
                     q.slot_of, rows = q.slot_of[keep], new
                     st["shrinks"] += 1
-            tail = not q.pending
+            tail, late, t_chunk = not q.pending, q.done >= 0.9 * q.total, time.perf_counter()
             slots, out = chunk(w, slots, sp)
             drawn = jax.device_get((out.tokens, out.logp, out.mask, slots.active))
             steps = q.collect(*(np.asarray(x) for x in drawn))
@@ -296,6 +300,9 @@ class ContinuousEngine:
             st["decode_steps"] += steps
             st["row_steps"] += rows * steps
             st["tail_steps"] += steps if tail else 0
+            st["tail_s"] += time.perf_counter() - t_chunk if tail else 0.0
+            # the wait for the slowest tenth: chunks run once 90 % of the samples had ended
+            st["last10_s"] += time.perf_counter() - t_chunk if late else 0.0
         st.update(samples=q.total, useful_tokens=int(q.count.sum()), prefill_s=t_prefill - t_start)
         st["seconds"] = time.perf_counter() - t_start
         self.last_stats = {k: float(v) for k, v in st.items()}
