@@ -2,9 +2,13 @@
 update buy where replies spread widely. Every figure is one JSON line naming its engine and packing.
 
     python -m experiments.bench --size=smollm2_varlen --rollout_engine=static --pack_tokens=0
-    python -m experiments.bench --size=smollm2_varlen --rollout_engine=continuous --pack_tokens=1536
+    python -m experiments.bench --size=smollm2_varlen --rollout_engine=continuous --pack_tokens=0
     python -m experiments.bench --size=smollm2_eval            # both engines, one process each
-    python -m experiments.bench --size=multiturn --rollout_engine=continuous --pack_tokens=256
+    python -m experiments.bench --size=multiturn --rollout_engine=static --pack_tokens=304
+    python -m experiments.bench --size=multiturn --rollout_engine=continuous --pack_tokens=304
+
+(smollm2_varlen with --pack_tokens=1024, rows wide enough for its longest prompt + reply, ran out of a 24 GB
+host: docs/ROLLOUT_ENGINES.md.)
 
 smollm2_varlen: a GRPO step of SmolLM2-135M-Instruct on MBPP's training prompts in its chat template (step i
 takes prompts 4i .. 4i + 3), 4 prompts x G = 8, up to 512 new tokens at temperature 1 ending at its

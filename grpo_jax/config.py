@@ -1361,7 +1361,9 @@ class OptimConfig:
         "multi-turn trajectories) packed into rows of this many tokens, a prompt shared by the completions "
         "that follow it in a row, attention masked per sequence; the loss, gradient and metrics are the "
         "padded update's to float rounding. 0 = the padded update. Must hold a prompt + a completion "
-        "(>= --prompt_len + the completion length); not with --mini_batches > 1.",
+        "(>= --prompt_len + the completion length); not with --mini_batches > 1. Each row's attention is "
+        "computed in full (rows x N^2 scores): it pays for rows of a few hundred tokens and costs more time "
+        "and memory than the padded update near 1 000 (measured: docs/ROLLOUT_ENGINES.md).",
     )
 
     def __post_init__(self):
@@ -1411,8 +1413,8 @@ class RolloutConfig:
         "one compiled batch of all B x G rows that decodes until its longest reply ends. continuous: "
         "continuous batching, --engine_slots decode slots refilled from the queue of samples as replies "
         "end, the running slots moved into smaller batches once nothing is pending (for replies whose "
-        "lengths spread widely; a sample's tokens depend on its own key only). Measured figures: "
-        "WORKSPACE.md section 6.",
+        "lengths spread widely; a sample's tokens depend on its own key only). Measured figures and when "
+        "to use which: docs/ROLLOUT_ENGINES.md.",
         flag="rollout_engine",
         choices=ROLLOUT_ENGINES,
     )
