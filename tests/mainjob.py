@@ -73,3 +73,13 @@ def kill_after_checkpoint(*args, workdir, step: int, timeout=300) -> None:
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait(timeout=60)
+
+
+def killed_and_resumed(*args, workdir, step: int) -> dict:
+    """The real main job SIGKILLed after its checkpoint `step`, then the same command again: the resumed run's
+    results.json (the killed run wrote none; the rerun exits 0)."""
+    kill_after_checkpoint(*args, workdir=workdir, step=step)
+    assert not (Path(workdir) / "results.json").exists()
+    resumed = subprocess_run(*args, f"--workdir={workdir}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return json.loads((Path(workdir) / "results.json").read_text())

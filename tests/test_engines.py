@@ -225,8 +225,6 @@ def test_main_job_on_the_continuous_engine_with_packing_resumes_bit_identically(
     """The main job with --rollout_engine=continuous, the packed update and 2-turn trajectories: it logs the
     engine's padding figure and the packed rows; killed with SIGKILL after its step-4 checkpoint, the same
     command resumes and ends with the uninterrupted run's final parameters."""
-    import json
-
     import mainjob
 
     args = (mainjob.TINY, "--rollout_engine=continuous", "--engine_slots=8", "--engine_chunk=4")
@@ -239,9 +237,5 @@ def test_main_job_on_the_continuous_engine_with_packing_resumes_bit_identically(
     assert all(0.0 < m[s]["pack/padding_fraction"] < 1.0 for s in m)
     assert m[1]["logp_mismatch"] < 1e-5  # the engine's behaviour log-probs are the packed trainer's
     wd = tmp_path / "killed"
-    mainjob.kill_after_checkpoint(*args, workdir=wd, step=4)
-    assert not (wd / "results.json").exists()
-    resumed = mainjob.subprocess_run(*args, f"--workdir={wd}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    got = json.loads((wd / "results.json").read_text())
+    got = mainjob.killed_and_resumed(*args, workdir=wd, step=4)
     assert got["final_params_sha256"] == ref["final_params_sha256"]

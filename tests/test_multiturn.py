@@ -415,11 +415,7 @@ def test_two_turn_run_with_async_grading_resumes_bit_identically_after_sigkill(e
     tasks2 = {r["task_id"] for r in rows}  # pass@2 after turn 2 from each task's own samples (n = 2)
     assert np.mean([pass_at_k(2, c2[t], 2) for t in tasks2]) == pytest.approx(res["turns"]["turn2"]["pass@2"])
     wd = tmp_path / "killed"
-    mainjob.kill_after_checkpoint(*args, workdir=wd, step=4)
-    assert not (wd / "results.json").exists()
-    resumed = mainjob.subprocess_run(*args, f"--workdir={wd}")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    got = json.loads((wd / "results.json").read_text())
+    got = mainjob.killed_and_resumed(*args, workdir=wd, step=4)
     assert got["final_params_sha256"] == ref["final_params_sha256"]
     assert sorted(mainjob.metrics(wd)) == [1, 2, 3, 4, 5, 6]
 

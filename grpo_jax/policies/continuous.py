@@ -151,10 +151,7 @@ def _attend(q: jax.Array, ck: jax.Array, cv: jax.Array, valid: jax.Array, scale:
     WORKSPACE.md section 6). Returns [R, 1, K, g, Dh] float32."""
     qf = q[:, 0].astype(jnp.float32)  # [R, K, g, Dh]
     s = jnp.sum(qf[:, :, :, None, :] * ck[:, :, None].astype(jnp.float32), axis=-1) * scale  # [R, K, g, C]
-    m = valid[:, None, None, :]
-    s = jnp.where(m, s, tfm._NEG_INF)
-    e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True)) * m
-    w = e / jnp.maximum(jnp.sum(e, axis=-1, keepdims=True), 1e-30)
+    (w,) = tfm._softmax_attend([s], [valid[:, None, None, :]])
     return jnp.sum(w[..., None] * cv[:, :, None].astype(jnp.float32), axis=-2)[:, None]
 
 

@@ -279,7 +279,7 @@ class ContinuousEngine:
         slots = self._init(self.run_cfg, rows, p, self.max_new)
         chunk = self._chunk_fn(p)
         st = dict(chunks=0, decode_steps=0, row_steps=0, inserts=0, shrinks=0, tail_steps=0)
-        st.update(tail_s=0.0, last10_s=0.0)
+        st["last10_s"] = 0.0
         t_prefill = time.perf_counter()
         while q.done < q.total:
             if q.pending and q.free.size:
@@ -300,9 +300,8 @@ class ContinuousEngine:
             st["decode_steps"] += steps
             st["row_steps"] += rows * steps
             st["tail_steps"] += steps if tail else 0
-            st["tail_s"] += time.perf_counter() - t_chunk if tail else 0.0
-            # the wait for the slowest tenth: chunks run once 90 % of the samples had ended
-            st["last10_s"] += time.perf_counter() - t_chunk if late else 0.0
+            if late:  # the wait for the slowest tenth: chunks run once 90 % of the samples had ended
+                st["last10_s"] += time.perf_counter() - t_chunk
         st.update(samples=q.total, useful_tokens=int(q.count.sum()), prefill_s=t_prefill - t_start)
         st["seconds"] = time.perf_counter() - t_start
         self.last_stats = {k: float(v) for k, v in st.items()}
