@@ -104,6 +104,12 @@ flags.DEFINE_integer(
     "The padding-free update's row width (the main job's --pack_tokens; 0 = the padded update).",
     lower_bound=0,
 )
+flags.DEFINE_integer(
+    "pack_rows_per_doubling",
+    2,
+    "The packed update's row-count sizes per doubling (the main job's --pack_rows_per_doubling).",
+    lower_bound=1,
+)
 flags.DEFINE_integer("steps", 5, "Timed steps after the first (compile) step.", lower_bound=1)
 flags.DEFINE_integer("prompts", 8, "Prompts per step (B).", lower_bound=1)
 flags.DEFINE_integer("group", 8, "Completions per prompt (G).", lower_bound=2)
@@ -326,7 +332,7 @@ def bench_real_lengths(rates):
     from experiments import bench_varlen
 
     engine = FLAGS.rollout_engine or "static"
-    kw = dict(slots=FLAGS.engine_slots, chunk=FLAGS.engine_chunk)
+    kw = dict(slots=FLAGS.engine_slots, chunk=FLAGS.engine_chunk, per_doubling=FLAGS.pack_rows_per_doubling)
     if FLAGS.size == "smollm2_varlen":
         dtypes = (FLAGS.compute_dtype, FLAGS.rollout_dtype)
         bench_varlen.bench_varlen(
@@ -349,7 +355,7 @@ def bench_real_lengths(rates):
             args += [f"--engine_chunk={FLAGS.engine_chunk}", f"--compilation_cache={FLAGS.compilation_cache}"]
             subprocess.run(args, check=True, env=dict(os.environ, GRPO_BENCH_RATES=json.dumps(rates or {})))
     else:
-        bench_varlen.bench_eval(FLAGS.steps, emit, engine_kind=engine, **kw)
+        bench_varlen.bench_eval(FLAGS.steps, emit, engine_kind=engine, slots=kw["slots"], chunk=kw["chunk"])
 
 
 def main(argv):

@@ -4,11 +4,11 @@ update buy where replies spread widely. Every figure is one JSON line naming its
     python -m experiments.bench --size=smollm2_varlen --rollout_engine=static --pack_tokens=0
     python -m experiments.bench --size=smollm2_varlen --rollout_engine=continuous --pack_tokens=0
     python -m experiments.bench --size=smollm2_eval            # both engines, one process each
-    python -m experiments.bench --size=multiturn --rollout_engine=static --pack_tokens=304
-    python -m experiments.bench --size=multiturn --rollout_engine=continuous --pack_tokens=304
+    python -m experiments.bench --size=multiturn --rollout_engine=static --pack_tokens=176
+    python -m experiments.bench --size=multiturn --rollout_engine=continuous --pack_tokens=176
 
-(smollm2_varlen with --pack_tokens=1024, rows wide enough for its longest prompt + reply, ran out of a 24 GB
-host: docs/ROLLOUT_ENGINES.md.)
+(--pack_tokens must hold the longest completion: 512 for smollm2_varlen; the multiturn arms use at least their
+completion length, 24 and 176. Measured figures: docs/ROLLOUT_ENGINES.md.)
 
 smollm2_varlen: a GRPO step of SmolLM2-135M-Instruct on MBPP's training prompts in its chat template (step i
 takes prompts 4i .. 4i + 3), 4 prompts x G = 8, up to 512 new tokens at temperature 1 ending at its
@@ -17,7 +17,7 @@ is computed on the host from the decoded text (1 when the reply holds a `def`: c
 sandbox is not what is compared). Figures: step_s_median (sample + reward + train step), sampling_s_median,
 train_step_s_median, last10_wait_s_median (the sampling seconds after 90 % of the samples had ended),
 padding_fraction_sampler (1 - reply tokens / row-steps decoded), padding_fraction_update
-(1 - real tokens / positions computed: the padded update's B*P + B*G*T, or the packed rows),
+(1 - real tokens / positions computed: the padded update's B*P + B*G*T, the packed one's B*P + R*N),
 useful_tokens_per_s (reply tokens, EOS included, per second of step), reply_tokens_mean, truncated_fraction,
 peak_rss_mb.
 
@@ -76,7 +76,9 @@ def mbpp_batches(tok, split: str, n: int, per: int):
     return [(ids[i : i + per], mask[i : i + per]) for i in range(0, n, per)], probs
 
 
-def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots: int, chunk: int, dtypes):
+def bench_varlen(
+    steps: int, emit, *, engine_kind: str, pack_tokens: int, slots: int, chunk: int, dtypes, per_doubling=2
+):
     """The smollm2_varlen workload (see the module docstring)."""
     import jax
     import numpy as np
@@ -97,8 +99,9 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
     state = init_state(params, obj, optimizer, seed=0)
     del params
     train_step = make_train_step(
-        cfg, obj, optimizer, temperature=1.0, pack_tokens=pack_tokens, pad_id=tok.pad_id
-    )
+        cfg, obj, optimizer, temperature=1.0, pack_tokens=pack_tokens, pad_id=tok.pad_id,
+        pack_rows_per_doubling=per_doubling,
+    )  # fmt: skip
     engine = make_engine(
         engine_kind, cfg, max_new=MAX_NEW, eos_ids=stop_ids(tok), pad_id=tok.pad_id,
         weights_dtype=rollout_dtype, slots=slots, chunk=chunk,
@@ -127,6 +130,8 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
         row["trunc"] = float(np.mean(out.truncated))
         row["pad_sampler"] = 1.0 - st["useful_tokens"] / max(st["row_steps"], 1.0)
         row["pad_update"] = update_pad
+        if pack_tokens:
+            row["rows"], row["rows_needed"] = float(metrics["pack/rows"]), float(metrics["pack/rows_needed"])
         row["last10"] = _last10_s(st, np.asarray(out.lengths), t1 - t0)
         rows.append(row)
         emit(
@@ -139,6 +144,8 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
         )
     timed = rows[1:] or rows
     common = dict(size="smollm2_varlen", engine=engine_kind, pack_tokens=pack_tokens, B=MBPP_PROMPTS, G=GROUP)
+    if pack_tokens:
+        common.update(pack_rows_per_doubling=per_doubling)
     common.update(T=MAX_NEW, steps=len(timed), compute_dtype=compute_dtype, rollout_dtype=rollout_dtype)
     if engine_kind == "continuous":
         common.update(engine_slots=slots, engine_chunk=chunk)
@@ -149,6 +156,9 @@ def bench_varlen(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots:
     emit(figure="padding_fraction_sampler", value=round(med("pad_sampler"), 3), **common)
     emit(figure="padding_fraction_update", value=round(med("pad_update"), 3), **common)
     emit(figure="last10_wait_s_median", value=round(med("last10"), 2), **common)
+    if pack_tokens:
+        emit(figure="packed_rows", value=[r["rows"] for r in timed], **common)
+        emit(figure="packed_rows_needed", value=[r["rows_needed"] for r in timed], **common)
     useful = sum(r["useful"] for r in timed) / sum(r["step"] for r in timed)
     emit(figure="useful_tokens_per_s", value=round(useful, 1), **common)
     emit(
@@ -232,7 +242,9 @@ def bench_eval(passes: int, emit, *, engine_kind: str, slots: int, chunk: int, b
     emit(figure="peak_rss_mb", value=_peak_rss_mb(), **common)
 
 
-def bench_multiturn(steps: int, emit, *, engine_kind: str, pack_tokens: int, slots: int, chunk: int):
+def bench_multiturn(
+    steps: int, emit, *, engine_kind: str, pack_tokens: int, slots: int, chunk: int, per_doubling: int = 2
+):
     """The multiturn workload (see the module docstring)."""
     from grpo_jax import cli
     from grpo_jax.sandbox.executor import Executor
@@ -245,13 +257,16 @@ def bench_multiturn(steps: int, emit, *, engine_kind: str, pack_tokens: int, slo
     base += [f"--engine_slots={slots}", f"--engine_chunk={chunk}"]
     arms = {"single_turn": [], "two_turn": ["--max_turns=2", "--prompts_per_step=8"]}
     common = dict(size="multiturn", engine=engine_kind, pack_tokens=pack_tokens, steps=steps)
+    if pack_tokens:
+        common.update(pack_rows_per_doubling=per_doubling)
     medians = {}
     with Executor(num_workers=2, limits=Limits(wall_s=2.0, cpu_s=2)) as ex:
         warm, _ = cli.resolve([*base, "--steps=0", f"--workdir={os.path.join(root, 'warm')}"])
         loop.run(warm, ex, print_fn=lambda _: None)
         for arm, flags in arms.items():
-            width = (128 + 24) if arm == "single_turn" else (128 + 2 * 24 + 128)
-            pack = [f"--pack_tokens={max(pack_tokens, width)}"] if pack_tokens else []
+            width = 24 if arm == "single_turn" else (2 * 24 + 128)  # the arm's completion length
+            pack = [f"--pack_tokens={max(pack_tokens, width)}", f"--pack_rows_per_doubling={per_doubling}"]
+            pack = pack if pack_tokens else []
             argv = [*base, *flags, *pack, f"--steps={steps + 1}", f"--sft_from={os.path.join(root, 'warm')}"]
             cfg, notes = cli.resolve([*argv, f"--workdir={os.path.join(root, arm)}"])
             loop.run(cfg, ex, print_fn=lambda _: None, notes=notes)
@@ -265,6 +280,7 @@ def bench_multiturn(steps: int, emit, *, engine_kind: str, pack_tokens: int, slo
             tokens = statistics.mean(r["rollout/sampled_tokens"] for r in rows)
             emit(figure=f"{arm}_sampled_tokens_mean", value=round(tokens, 1), **common)
             if pack_tokens:
+                emit(figure=f"{arm}_packed_rows", value=[r["pack/rows"] for r in rows], **common)
                 emit(
                     figure=f"{arm}_update_padding_fraction",
                     value=round(med("pack/padding_fraction"), 3),

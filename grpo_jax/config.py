@@ -1357,17 +1357,33 @@ class OptimConfig:
     )
     pack_tokens: int = opt(
         0,
-        "The padding-free update (grpo_jax.policies.packed): each step's prompts and completions (whole "
-        "multi-turn trajectories) packed into rows of this many tokens, a prompt shared by the completions "
-        "that follow it in a row, attention masked per sequence; the loss, gradient and metrics are the "
-        "padded update's to float rounding. 0 = the padded update. Must hold a prompt + a completion "
-        "(>= --prompt_len + the completion length); not with --mini_batches > 1. Each row's attention is "
-        "computed in full (rows x N^2 scores): it pays for rows of a few hundred tokens and costs more time "
-        "and memory than the padded update near 1 000 (measured: docs/ROLLOUT_ENGINES.md).",
+        "The padding-free update (grpo_jax.policies.packed): each prompt encoded once for its group, and the "
+        "group's completions (whole multi-turn trajectories) packed back to back into rows of this many "
+        "tokens that attend to that prompt, attention masked per completion; the loss, gradient and metrics "
+        "are the padded update's to float rounding. 0 = the padded update. Must hold the longest completion "
+        "(>= max_turns * max_new_tokens + (max_turns - 1) * feedback_tokens); not with --mini_batches > 1. "
+        "When to use it: docs/ROLLOUT_ENGINES.md.",
+    )
+    pack_rows_per_doubling: int = opt(
+        2,
+        "The packed update's row counts: exact up to 2k rows, then k sizes per doubling (k = 2: 1, 2, 3, 4, "
+        "6, 8, 12, 16, 24, ..). Each row count the steps need is one compilation of the train step: a larger "
+        "k computes fewer empty rows and compiles more often (8 suits a model whose step costs far more than "
+        "a compile, e.g. SmolLM2 at 512 new tokens; 2 a model that compiles in seconds and steps in less).",
     )
 
     def __post_init__(self):
-        _positive(self, ("learning_rate", "grad_clip", "eps", "max_consecutive_nonfinite", "micro_batches"))
+        _positive(
+            self,
+            (
+                "learning_rate",
+                "grad_clip",
+                "eps",
+                "max_consecutive_nonfinite",
+                "micro_batches",
+                "pack_rows_per_doubling",
+            ),
+        )
         _positive(self, ("weight_decay", "warmup_steps", "pack_tokens"), strict=False)
         for n in ("b1", "b2"):
             if not 0 <= getattr(self, n) < 1:
@@ -1873,6 +1889,7 @@ RESUMABLE_CHANGES = (
     # (a run resumed on another engine continues with that engine's draws), the slot count and chunk change
     # no token (tests/test_engines.py)
     "optim.pack_tokens",
+    "optim.pack_rows_per_doubling",
     "rollout.engine",
     "rollout.engine_slots",
     "rollout.engine_chunk",
@@ -2046,12 +2063,12 @@ class RunConfig:
                 "the continuous engine runs in one process (its host loop reads every slot): use "
                 "--rollout_engine=static with --dist_*",
             )
-        if width and width < self.tasks.prompt_len + ro.completion_len:
+        if width and width < ro.completion_len:
             fail(
                 self,
                 "optim.pack_tokens",
-                f"a packed row must hold a prompt and a completion: >= prompt_len + completion length = "
-                f"{self.tasks.prompt_len} + {ro.completion_len}",
+                "a packed row must hold the longest completion: >= the completion length "
+                f"{ro.completion_len} (max_turns * max_new_tokens + (max_turns - 1) * feedback_tokens)",
             )
         if width and self.objective.mini_batches > 1:
             fail(

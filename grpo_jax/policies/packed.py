@@ -1,28 +1,35 @@
-"""The padding-free update: a batch's sequences packed into rows of N tokens (`--pack_tokens=N`).
+"""The padding-free update: a batch's completions packed into rows of N tokens (`--pack_tokens=N`).
 
-The padded update (transformer.forward_grouped) computes every prompt at its padded width P and every
-completion at the batch's full width T (a multi-turn trajectory at K*T + (K-1)*F), whatever their lengths.
-Packed, each row holds BLOCKS back to back, a block being one prompt (its real tokens) followed by some of
-that prompt's completions (their real tokens, feedback turns of a trajectory included):
+The padded update (transformer.forward_grouped) encodes each prompt once for its group and computes every
+completion at the batch's full width T (a multi-turn trajectory at K*T + (K-1)*F), whatever its length.
+Packed, the prompts are still encoded once per group ([B, P], as forward_grouped does), and the completions
+are placed back to back into rows of N tokens, each row holding completions of ONE group (its real tokens;
+a multi-turn trajectory's feedback turns included):
 
-    row r:  [prompt b | completion (b, 0) | completion (b, 1) | ...][prompt b' | completion (b', 0) | ...]
+    prompts:  [prompt 0] [prompt 1] ...                       (encoded once, keys / values shared)
+    row r:    [completion (b, 3) | completion (b, 0) | completion (b, 5)]  + pads     (group[r] = b)
 
-so a prompt is encoded once per row it appears in (the shared-prompt encoding, as forward_grouped has it per
-group) and nothing is computed for padding beyond the end of the last block. Attention: a token attends to
-the tokens of its own block that come before it and are its prompt or its own completion (query i, key j:
-block_i = block_j > 0, j <= i, and segment_j = segment_i or j is a prompt token); positions restart per
-block: the prompt at 0 .. p-1, each completion at p .. p+L-1, as in forward_grouped and the sampler. The
-hidden state that predicts completion token t is its predecessor's (token t-1 of the same completion, or the
-block's last prompt token for t = 0), gathered (`pred`), so the LM head runs once per packed position; the
+Attention (transformer.shared_prompt_layers, the same layer as the padded update's): a completion token
+attends to its group's real prompt tokens (the row gathers group[r]'s prompt keys and values) and to the
+tokens of its own completion that come before it (query i, key j of the row: segment_i = segment_j > 0,
+j <= i), never to another completion of the row. Positions: completion token t at p_b + t, as in
+forward_grouped and the sampler. The hidden state that predicts completion token t is its predecessor's
+(token t-1 of the same completion, or the group's last prompt position for t = 0), gathered (`pred`, an index
+into [the B last prompt states ; the R * N row states]), so the LM head runs once per packed position; the
 per-token log-probs and entropies are then gathered back (`unpack`) into the padded [B, G, T] layout, where
-the loss, the advantages and every metric are computed exactly as for the padded update (tests/test_packed.py:
-values and gradients equal within float32 rounding; a mask that lets attention cross a segment fails it).
+the loss, the advantages and every metric are computed exactly as for the padded update
+(tests/test_packed.py: values and gradients equal within float32 rounding; a mask that lets attention cross
+a completion, or a row read another group's prompt, fails it).
+
+Cost: attention per completion token is P + N keys (the padded update's P + T), and the projections, the MLP
+and the head run on R * N positions instead of B * G * T; N only has to hold the longest completion.
 
 `plan` is host side (numpy): one layout per micro-batch (the train step's strided split: micro-batch i holds
 the groups b with b mod n = i), all with the same number of rows R, rounded up to a size of `row_bucket`
-(few compiled shapes). Sequences are placed in order (next fit): a completion that does not fit the row
-starts a new row with a copy of its prompt. A completion's packed length is up to its last token of the loss
-mask (a trajectory's feedback turns inside it are context: packed, never trained on).
+(few compiled shapes). Each group's completions are placed longest first into the first of its rows with
+room (first-fit decreasing), so a group's rows are full but for its last. A completion's packed length is up
+to its last token of the loss mask (a trajectory's feedback turns inside it are context: packed, never
+trained on); one longer than N is refused.
 """
 
 from __future__ import annotations
@@ -38,22 +45,26 @@ from grpo_jax.policies.logp import chunked_token_logp
 
 
 class PackedLayout(NamedTuple):
-    """Packed rows of one or more micro-batches (leading axes [n] when stacked; here for one)."""
+    """Packed rows of one micro-batch's completions (leading axis [n] when stacked over micro-batches)."""
 
     tokens: jax.Array  # [R, N] int32 (pad elsewhere)
-    positions: jax.Array  # [R, N] int32 RoPE positions (restart per block)
-    block: jax.Array  # [R, N] int32: block id within the row, 1.. (0 = padding)
-    segment: jax.Array  # [R, N] int32: 1 for the block's prompt, 2.. for its completions (0 = padding)
-    pred: jax.Array  # [R * N] int32: flat index of the hidden state that predicts each position's token
+    positions: jax.Array  # [R, N] int32 RoPE positions (p_b + t)
+    group: jax.Array  # [R] int32: the group (prompt) whose completions the row holds (0 for empty rows)
+    segment: jax.Array  # [R, N] int32: 1.. per completion in the row (0 = padding)
+    pred: jax.Array  # [R * N] int32: the state predicting each token, in [B last prompt states ; R * N rows]
     unpack: jax.Array  # [B, G, T] int32: flat packed index of completion token t of (b, g) (0 beyond it)
 
 
-def row_bucket(rows: int, multiple: int = 1) -> int:
-    """The packed batch's row count for `rows` needed rows: the smallest of 1, 2, 3, 4, 6, 8, 12, 16, 24, ...
-    (2^k and 3 * 2^(k-1)) that holds them, rounded up to a multiple of `multiple` (the data-parallel
-    devices)."""
-    r = max(1, int(rows))
-    size = min(c for k in range(64) for c in (2**k, 3 * 2**k) if c >= r)
+def row_bucket(rows: int, multiple: int = 1, per_doubling: int = 2) -> int:
+    """The packed batch's row count for `rows` needed rows: the smallest size m * 2^j (m in [k, 2k), k =
+    `per_doubling`) that holds them, i.e. exact up to 2k and then k sizes per doubling (k = 2: 1, 2, 3, 4,
+    6, 8, 12, 16, 24, ..; k = 8: 1 .. 16, 18, 20, .., 32, 36, ..), rounded up to a multiple of `multiple`
+    (the data-parallel devices). Each size is one compiled train step: a larger k wastes fewer rows
+    (at most 1/k of them) and compiles more shapes over a run."""
+    r, k = max(1, int(rows)), int(per_doubling)
+    if k < 1:
+        raise ValueError(f"packed.row_bucket: per_doubling={per_doubling} must be >= 1")
+    size = r if r <= 2 * k else min(m << j for j in range(64) for m in range(k, 2 * k) if m << j >= r)
     return -(-size // multiple) * multiple
 
 
@@ -67,32 +78,30 @@ def completion_lengths(completion_mask: np.ndarray) -> np.ndarray:
 
 class PlanStats(NamedTuple):
     rows: int  # R (after rounding) per micro-batch
-    needed: int  # rows the sequences filled (most over the micro-batches)
-    tokens: int  # packed real tokens, all micro-batches (prompt copies included)
-    capacity: int  # n * R * N
+    needed: int  # rows the completions filled (most over the micro-batches)
+    tokens: int  # real tokens: the prompts' and the packed completions'
+    capacity: int  # positions the forward computes: B * P (the prompts) + n * R * N (the rows)
 
 
-def _place(prompt_len, lengths, width):
-    """Next-fit placement of one micro-batch: (rows, [(row, start, b, g | -1 for the prompt)])."""
-    spans, row, used, open_b = [], 0, 0, -1
-    for b, p in enumerate(prompt_len):
-        for g, n in enumerate(lengths[b]):
-            if n == 0:
-                continue
-            need = n if open_b == b else p + n
-            if used + need > width:
-                row, used, open_b, need = row + 1, 0, -1, p + n
-            if open_b != b:
-                spans.append((row, used, b, -1))
-                used += p
-                open_b = b
-            spans.append((row, used, b, g))
-            used += n
-    return (row + 1 if spans else 0), spans
+def _place(lengths, width):
+    """First-fit decreasing placement of one micro-batch's completions, group by group: a list of rows,
+    each (group b, [(g, start), ...])."""
+    rows = []
+    for b, lens in enumerate(lengths):
+        mine = []  # this group's rows: [used, [(g, start), ...]]
+        for g in sorted((g for g in range(len(lens)) if lens[g] > 0), key=lambda g: -lens[g]):
+            n = int(lens[g])
+            slot = next((r for r in mine if r[0] + n <= width), None)
+            if slot is None:
+                slot = [0, []]
+                mine.append(slot)
+            slot[1].append((g, slot[0]))
+            slot[0] += n
+        rows += [(b, spans) for _, spans in mine]
+    return rows
 
 
 def plan(
-    prompt: np.ndarray,
     prompt_mask: np.ndarray,
     completions: np.ndarray,
     completion_mask: np.ndarray,
@@ -101,95 +110,99 @@ def plan(
     parts: int = 1,
     rows_multiple: int = 1,
     pad_id: int = 0,
+    per_doubling: int = 2,
 ) -> tuple[PackedLayout, PlanStats]:
-    """The packed layouts of a batch (prompt [B, P] left-padded, completions [B, G, T]) split into `parts`
-    micro-batches (groups b with b mod parts = i): arrays stacked [parts, ...], R rows of `width` each."""
-    prompt, pmask = np.asarray(prompt), np.asarray(prompt_mask) > 0
+    """The packed layouts of a batch's completions [B, G, T] (their prompts' masks [B, P], left-padded)
+    split into `parts` micro-batches (groups b with b mod parts = i): arrays stacked [parts, ...], R rows of
+    `width` each (R = row_bucket(rows needed, rows_multiple, per_doubling))."""
+    pmask = np.asarray(prompt_mask) > 0
     comps = np.asarray(completions)
     b_all, g_all, t_all = comps.shape
     if b_all % parts:
         raise ValueError(f"packed.plan: {b_all} prompts do not split into {parts} micro-batches")
     plens = pmask.sum(1)
     lengths = completion_lengths(completion_mask)
-    longest = int((plens[:, None] + lengths).max(initial=0))
+    longest = int(lengths.max(initial=0))
     if longest > width:
         raise ValueError(
-            f"packed.plan: a prompt + completion of {longest} tokens does not fit rows of {width}"
+            f"packed.plan: a completion of {longest} tokens does not fit rows of {width} (--pack_tokens must "
+            "hold the longest completion, a multi-turn trajectory's feedback included)"
         )
-    placed = [_place(plens[i::parts], lengths[i::parts], width) for i in range(parts)]
-    needed = max(1, max(r for r, _ in placed))
-    rows = row_bucket(needed, rows_multiple)
+    placed = [_place(lengths[i::parts], width) for i in range(parts)]
+    needed = max(1, max(len(r) for r in placed))
+    rows = row_bucket(needed, rows_multiple, per_doubling)
+    bl = b_all // parts
     shape = (parts, rows, width)
     tokens = np.full(shape, pad_id, np.int32)
-    positions, block, segment = (np.zeros(shape, np.int32) for _ in range(3))
+    positions, segment = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+    group = np.zeros((parts, rows), np.int32)
     pred = np.zeros((parts, rows * width), np.int32)
-    unpack = np.zeros((parts, b_all // parts, g_all, t_all), np.int32)
-    for i, (_, spans) in enumerate(placed):
-        sub_p, sub_c = prompt[i::parts], comps[i::parts]
-        sub_m, sub_len = pmask[i::parts], lengths[i::parts]
-        blk = np.zeros(rows, np.int32)
-        last_prompt = 0
-        for row, start, b, g in spans:
-            if g < 0:  # a block opens: its prompt's real tokens at positions 0 .. p-1
-                blk[row] += 1
-                ids = sub_p[b][sub_m[b]]
-                sl = slice(start, start + ids.size)
-                tokens[i, row, sl], positions[i, row, sl] = ids, np.arange(ids.size)
-                block[i, row, sl], segment[i, row, sl] = blk[row], 1
-                pred[i, row * width + start : row * width + start + ids.size] = (
-                    row * width + start + np.arange(ids.size)
-                )
-                last_prompt, p_len, seg = row * width + start + ids.size - 1, ids.size, 1
-                continue
-            n = sub_len[b, g]
-            seg += 1
-            sl = slice(start, start + n)
-            flat = row * width + start + np.arange(n)
-            tokens[i, row, sl], positions[i, row, sl] = sub_c[b, g, :n], p_len + np.arange(n)
-            block[i, row, sl], segment[i, row, sl] = blk[row], seg
-            pred[i, flat] = np.r_[last_prompt, flat[:-1]]
-            unpack[i, b, g, :n] = flat
-    tokens_used = int(sum(np.count_nonzero(block[i]) for i in range(parts)))
-    layout = PackedLayout(tokens, positions, block, segment, pred, unpack)
-    return layout, PlanStats(rows, needed, tokens_used, parts * rows * width)
+    unpack = np.zeros((parts, bl, g_all, t_all), np.int32)
+    for i, placed_i in enumerate(placed):
+        sub_c, sub_len, sub_pl = comps[i::parts], lengths[i::parts], plens[i::parts]
+        for r, (b, spans) in enumerate(placed_i):
+            group[i, r] = b
+            for seg, (g, start) in enumerate(spans, 1):
+                n = int(sub_len[b, g])
+                sl = slice(start, start + n)
+                flat = r * width + start + np.arange(n)
+                tokens[i, r, sl], positions[i, r, sl] = sub_c[b, g, :n], sub_pl[b] + np.arange(n)
+                segment[i, r, sl] = seg
+                pred[i, flat] = np.r_[b, bl + flat[:-1]]
+                unpack[i, b, g, :n] = flat
+    layout = PackedLayout(tokens, positions, group, segment, pred, unpack)
+    tokens_real = int(plens.sum() + lengths.sum())
+    return layout, PlanStats(rows, needed, tokens_real, pmask.size + parts * rows * width)
 
 
-def allowed(layout: PackedLayout) -> jax.Array:
-    """[R, 1, 1, N, N] bool: query i may attend key j (same block, j <= i, j in the prompt or i's segment)."""
-    blk, seg = layout.block, layout.segment
-    n = blk.shape[-1]
+def row_masks(layout: PackedLayout, prompt_mask: jax.Array):
+    """(c_to_p [R, 1, 1, 1, 1, P], c_self [R, 1, 1, 1, N, N]) bool: a row's token may attend its group's real
+    prompt tokens, and key j of its row when j <= i and both are of the same completion."""
+    seg = layout.segment
+    n = seg.shape[-1]
     causal = jnp.tril(jnp.ones((n, n), bool))
-    same_block = (blk[:, :, None] == blk[:, None, :]) & (blk[:, :, None] > 0)
-    visible = (seg[:, :, None] == seg[:, None, :]) | (seg[:, None, :] == 1)
-    return (causal[None] & same_block & visible)[:, None, None]
+    same = (seg[:, :, None] == seg[:, None, :]) & (seg[:, None, :] > 0)
+    c_to_p = prompt_mask.astype(bool)[layout.group][:, None, None, None, None, :]
+    return c_to_p, (causal[None] & same)[:, None, None, None]
 
 
 def packed_policy_fn(cfg: tfm.TransformerConfig):
-    """`fn(params, layout, temperature) -> (logp, entropy[, values])` in the padded layout [B, G, T] of the
-    layout's `unpack`, computed over the packed rows (the train step's policy function with --pack_tokens;
-    the chunked head when cfg.logp_chunk > 0, values with a value head)."""
+    """`fn(params, prompt, prompt_mask, layout, temperature) -> (logp, entropy[, values])` in the padded
+    layout [B, G, T] of the layout's `unpack`, computed over the prompts [B, P] and the packed rows (the
+    train step's policy function with --pack_tokens; the chunked head when cfg.logp_chunk > 0, values with a
+    value head)."""
 
-    def fn(params, layout: PackedLayout, temperature):
-        hidden, values = tfm.forward_masked(
-            params, cfg, layout.tokens, layout.positions, allowed(layout), return_hidden=True
+    def fn(params, prompt, prompt_mask, layout: PackedLayout, temperature):
+        c_to_p, c_self = row_masks(layout, prompt_mask)
+        xp, xc = tfm.shared_prompt_layers(
+            params,
+            cfg,
+            prompt,
+            prompt_mask.astype(bool),
+            layout.tokens[:, None],
+            layout.positions[:, None],
+            c_to_p,
+            c_self,
+            kv_index=layout.group,
         )
-        d = hidden.shape[-1]
-        h = hidden.reshape(-1, d)[layout.pred]  # each position's predicting hidden state
+        d = xp.shape[-1]
+        states = jnp.concatenate([xp[:, -1], xc.reshape(-1, d)], axis=0)  # [B + R*N, D]
+        hidden, values = tfm._head(cfg, params, states[layout.pred], return_hidden=True)
         tgt = layout.tokens.reshape(-1)
         w = tfm.head_weight(params, cfg)  # [D, V]
         if cfg.logp_chunk:
             if cfg.tie_embeddings:
                 logp, ent = chunked_token_logp(
-                    h, w.T, tgt, temperature, chunk=cfg.logp_chunk, vocab_major=True
+                    hidden, w.T, tgt, temperature, chunk=cfg.logp_chunk, vocab_major=True
                 )
             else:
-                logp, ent = chunked_token_logp(h, w, tgt, temperature, chunk=cfg.logp_chunk)
+                logp, ent = chunked_token_logp(hidden, w, tgt, temperature, chunk=cfg.logp_chunk)
         else:
-            logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+            logits = jnp.matmul(hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
             logp, ent = tfm.token_logp(logits, tgt, temperature)
         out = (logp[layout.unpack], ent[layout.unpack])
         if cfg.value_head:
-            out += (values.reshape(-1)[layout.pred][layout.unpack],)
+            out += (values[layout.unpack],)
         return out
 
     return fn

@@ -649,9 +649,9 @@ def forward_masked(
     return_hidden: bool = False,
 ):
     """The forward over token rows [N, S] with explicit RoPE positions [N, S] and attention mask `allowed`
-    (broadcastable to [N, K, group, S, S]: query s may attend key s'): `forward` with its causal, left-padded
-    mask, and the packed rows of several sequences each (grpo_jax.policies.packed). Returns (logits [N, S, V]
-    float32, or with return_hidden the final-norm output [N, S, D] in the compute dtype; values | None)."""
+    (broadcastable to [N, K, group, S, S]: query s may attend key s'), e.g. `forward`'s causal, left-padded
+    mask. Returns (logits [N, S, V] float32, or with return_hidden the final-norm output [N, S, D] in the
+    compute dtype; values | None)."""
     dtype = _dt(cfg.compute_dtype)
     pos = _rot(cfg, positions)
     x = params["embed"][tokens].astype(dtype)
@@ -691,20 +691,45 @@ def forward_grouped(
     return_hidden=True returns (hidden [B, G, T, D] after the final RMSNorm, in the compute dtype, values)
     instead: logits = hidden @ head_weight(params, cfg), for a head that never materialises them all.
     """
-    dtype = _dt(cfg.compute_dtype)
     pmask = prompt_mask.astype(bool)
-    ppos = prompt_positions(pmask)  # [B,P]
     plen = jnp.sum(pmask, axis=-1).astype(jnp.int32)  # [B]
     b, g, t = completions.shape
-    p = prompt.shape[-1]
-    prot = _rot(cfg, ppos)
-    crot = _rot(cfg, plen[:, None, None] + jnp.arange(t, dtype=jnp.int32))  # [B,1,T,1,Dh/2]: as every sample
-    xp = params["embed"][prompt].astype(dtype)  # [B,P,D]
-    xc = params["embed"][completions].astype(dtype)  # [B,G,T,D]
-    pcausal = jnp.tril(jnp.ones((p, p), bool))
-    p_allowed = pcausal[None, None, None] & pmask[:, None, None, None, :]  # [B,1,1,P,P]
+    cpos = plen[:, None, None] + jnp.arange(t, dtype=jnp.int32)  # [B,1,T]: as every sample
     c_to_p = pmask[:, None, None, None, None, :]  # [B,1,1,1,1,P]  (completion -> prompt keys)
     c_causal = jnp.tril(jnp.ones((t, t), bool))[None, None, None, None]  # [1,1,1,1,T,T]
+    xp, xc = shared_prompt_layers(params, cfg, prompt, pmask, completions, cpos, c_to_p, c_causal)
+    # hidden state that predicts completion token t: last prompt position (t=0), else completion t-1
+    last = jnp.broadcast_to(xp[:, None, -1:, :], (b, g, 1, xp.shape[-1]))
+    hid = jnp.concatenate([last, xc[:, :, :-1]], axis=2)  # [B,G,T,D]
+    return _head(cfg, params, hid, return_hidden)
+
+
+def shared_prompt_layers(
+    params: Params,
+    cfg: TransformerConfig,
+    prompt: jax.Array,
+    pmask: jax.Array,
+    completions: jax.Array,
+    cpos: jax.Array,
+    c_to_p: jax.Array,
+    c_self: jax.Array,
+    kv_index: jax.Array | None = None,
+):
+    """The layers of a forward whose completions attend to shared prompt encodings: the prompts [B, P]
+    (left-padded, `pmask` bool) are encoded once, and every completion row [C, H, T] (`completions`, RoPE
+    positions `cpos` broadcastable to it) attends, in one joint softmax, to the keys of its prompt
+    (`c_to_p`, broadcastable to [C, H, K, group, T, P]) and to its own row's keys (`c_self`, to
+    [C, H, K, group, T, T]). Completion row c reads prompt kv_index[c] (None: prompt c, C = B): the packed
+    update's rows (grpo_jax.policies.packed) gather their group's prompt this way. Returns the residual
+    streams after the last layer (xp [B, P, D], xc [C, H, T, D]; no final norm)."""
+    dtype = _dt(cfg.compute_dtype)
+    p = prompt.shape[-1]
+    prot = _rot(cfg, prompt_positions(pmask))
+    crot = _rot(cfg, cpos)
+    xp = params["embed"][prompt].astype(dtype)  # [B,P,D]
+    xc = params["embed"][completions].astype(dtype)  # [C,H,T,D]
+    pcausal = jnp.tril(jnp.ones((p, p), bool))
+    p_allowed = pcausal[None, None, None] & pmask[:, None, None, None, :]  # [B,1,1,P,P]
     scale = 1.0 / math.sqrt(cfg.dim_head)
 
     def layer(carry, lp):
@@ -712,27 +737,24 @@ def forward_grouped(
         hp = rms_norm(xp, lp["attn_norm"], cfg.rms_eps)
         hc = rms_norm(xc, lp["attn_norm"], cfg.rms_eps)
         qp, kp, vp = _qkv(cfg, lp, hp, prot, dtype)  # qp [B,P,K,g,Dh], kp [B,P,K,Dh]
-        qc, kc, vc = _qkv(cfg, lp, hc, crot, dtype)  # qc [B,G,T,K,g,Dh], kc [B,G,T,K,Dh]
+        qc, kc, vc = _qkv(cfg, lp, hc, crot, dtype)  # qc [C,H,T,K,g,Dh], kc [C,H,T,K,Dh]
         # prompt self-attention
         sp = jnp.einsum("bskgd,btkd->bkgst", qp, kp, preferred_element_type=jnp.float32) * scale
         (wp,) = _attend_weights([sp], [p_allowed], dtype)
         op = jnp.einsum("bkgst,btkd->bskgd", wp.astype(dtype), vp)
-        # completion attention: shared prompt keys + own causal completion keys (joint softmax)
-        s1 = jnp.einsum("bhtkgd,bskd->bhkgts", qc, kp, preferred_element_type=jnp.float32) * scale
+        # completion attention: shared prompt keys + own completion keys (joint softmax)
+        kq, vq = (kp, vp) if kv_index is None else (kp[kv_index], vp[kv_index])
+        s1 = jnp.einsum("bhtkgd,bskd->bhkgts", qc, kq, preferred_element_type=jnp.float32) * scale
         s2 = jnp.einsum("bhtkgd,bhskd->bhkgts", qc, kc, preferred_element_type=jnp.float32) * scale
-        w1, w2 = _attend_weights([s1, s2], [c_to_p, c_causal], dtype)
-        oc = jnp.einsum("bhkgts,bskd->bhtkgd", w1.astype(dtype), vp) + jnp.einsum(
+        w1, w2 = _attend_weights([s1, s2], [c_to_p, c_self], dtype)
+        oc = jnp.einsum("bhkgts,bskd->bhtkgd", w1.astype(dtype), vq) + jnp.einsum(
             "bhkgts,bhskd->bhtkgd", w2.astype(dtype), vc
         )
         xp = _mlp(cfg, lp, _out_proj(cfg, lp, xp, op, dtype), dtype)
         xc = _mlp(cfg, lp, _out_proj(cfg, lp, xc, oc, dtype), dtype)
         return xp, xc
 
-    xp, xc = _scan_layers(cfg, params["layers"], layer, (xp, xc))
-    # hidden state that predicts completion token t: last prompt position (t=0), else completion t-1
-    last = jnp.broadcast_to(xp[:, None, -1:, :], (b, g, 1, xp.shape[-1]))
-    hid = jnp.concatenate([last, xc[:, :, :-1]], axis=2)  # [B,G,T,D]
-    return _head(cfg, params, hid, return_hidden)
+    return _scan_layers(cfg, params["layers"], layer, (xp, xc))
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -133,6 +133,7 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
             micro_batches=cfg.optim.micro_batches,
             pack_tokens=cfg.optim.pack_tokens,
             pad_id=tok.pad_id,
+            pack_rows_per_doubling=cfg.optim.pack_rows_per_doubling,
         )
         return Run(
             eval_engine=eval_engine(cfg, model, tok),

@@ -81,6 +81,7 @@ def make_train_step(
     logp_fn: LogpFn | None = None,
     pack_tokens: int = 0,
     pad_id: int = 0,
+    pack_rows_per_doubling: int = 2,
 ):
     """Build `train_step(state, batch, frozen=None) -> (state, metrics, outputs)` for `obj.algorithm`.
 
@@ -95,8 +96,9 @@ def make_train_step(
     `pack_tokens=N` > 0: the padding-free update (grpo_jax.policies.packed; the transformer `model` only, not
     with mini-batches): before each call the batch's sequences are packed on the host into rows of N tokens
     (one layout per micro-batch, `pad_id` between them) and the forward passes run over the packed rows;
-    the loss, gradient and metrics are those of the padded update to float rounding. It adds `pack/*`
-    metrics (rows, padding_fraction).
+    the loss, gradient and metrics are those of the padded update to float rounding; the row count is
+    packed.row_bucket's with `pack_rows_per_doubling` sizes per doubling. It adds `pack/*` metrics (rows,
+    rows_needed, padding_fraction).
     """
     algorithm = make_algorithm(obj)
     check_arguments(model, obj, algorithm, micro_batches, logp_fn, pack_tokens)
@@ -108,7 +110,7 @@ def make_train_step(
         if layout is None:
             out = policy(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
         else:
-            out = packed_policy(full, layout, temperature)
+            out = packed_policy(full, batch.prompt, batch.prompt_mask, layout, temperature)
         if algorithm.needs_values and (len(out) != 3 or out[2] is None):
             raise ValueError(
                 f"make_train_step: algorithm={algorithm.name} needs the critic's values from the policy "
@@ -134,7 +136,7 @@ def make_train_step(
     if not pack_tokens:
         return inner
     rows_multiple = 1 if shardings is None else sharding_rows(shardings[1])
-    return PackedStep(inner, pack_tokens, micro_batches, rows_multiple, pad_id)
+    return PackedStep(inner, pack_tokens, micro_batches, rows_multiple, pad_id, pack_rows_per_doubling)
 
 
 def check_arguments(model, obj: ObjectiveConfig, algorithm: Algorithm, micro_batches, logp_fn, pack_tokens):
@@ -197,23 +199,24 @@ class PackedStep:
     on the host (grpo_jax.policies.packed.plan: one layout per micro-batch, rows a multiple of the batch
     sharding's parts) and calls the jitted step with the layout (one compilation per row count)."""
 
-    def __init__(self, inner, width: int, parts: int, rows_multiple: int, pad_id: int):
+    def __init__(self, inner, width: int, parts: int, rows_multiple: int, pad_id: int, per_doubling: int = 2):
         self.inner, self.width, self.parts = inner, width, parts
-        self.rows_multiple, self.pad_id = rows_multiple, pad_id
+        self.rows_multiple, self.pad_id, self.per_doubling = rows_multiple, pad_id, per_doubling
         self.last_plan: packed.PlanStats | None = None
 
     def layout(self, batch: RolloutBatch):
         """(the layout, its PlanStats) of `batch`: groups that take no part (group_mask 0) are not packed."""
-        host = to_host((batch.prompt, batch.prompt_mask, batch.completions, batch.completion_mask))
+        host = to_host((batch.prompt_mask, batch.completions, batch.completion_mask))
         gm = np.asarray(to_host(batch.group_mask)) > 0
-        cmask = np.where(gm[..., None], host[3], 0)
+        cmask = np.where(gm[..., None], host[2], 0)
         return packed.plan(
-            *host[:3],
+            *host[:2],
             cmask,
             self.width,
             parts=self.parts,
             rows_multiple=self.rows_multiple,
             pad_id=self.pad_id,
+            per_doubling=self.per_doubling,
         )
 
     def __call__(self, state: TrainState, batch: RolloutBatch, frozen: Any = None):
@@ -222,6 +225,7 @@ class PackedStep:
         state, metrics, outputs = self.inner(state, batch, frozen, jax.tree.map(jnp.asarray, layout))
         metrics = dict(metrics)
         metrics["pack/rows"] = jnp.float32(st.rows * self.parts)
+        metrics["pack/rows_needed"] = jnp.float32(st.needed * self.parts)  # before row_bucket's rounding
         metrics["pack/padding_fraction"] = jnp.float32(1.0 - st.tokens / st.capacity)
         return state, metrics, outputs
 
