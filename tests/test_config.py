@@ -129,6 +129,15 @@ def test_trl_default_keeps_its_recipe_over_the_quickstart():
         (["--preset=ppo"], "--preset=ppo: unknown preset 'ppo'; valid presets are deepseekmath"),
         (["--preset=dapo"], "--overlong_cache_len=4096: must be < max_new_tokens=24"),
         (["--curriculum_start_level=3"], "--curriculum_start_level=3: an index into rl_levels"),
+        (
+            ["--pack_tokens=23"],
+            "--pack_tokens=23: a packed row must hold the longest completion: >= the completion length 24",
+        ),
+        (
+            ["--pack_tokens=100", "--max_turns=2", "--feedback_tokens=64"],
+            "--pack_tokens=100: a packed row must hold the longest completion: >= the completion length 112",
+        ),
+        (["--pack_tokens=24", "--pack_rows_per_doubling=0"], "--pack_rows_per_doubling=0: must be > 0"),
     ],
 )
 def test_bad_values_name_the_flag(args, message):
