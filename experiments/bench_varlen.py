@@ -2,10 +2,11 @@
 update buy where replies spread widely. Every figure is one JSON line naming its engine and packing.
 
     python -m experiments.bench --size=smollm2_varlen --rollout_engine=static --pack_tokens=0
-    python -m experiments.bench --size=smollm2_varlen --rollout_engine=continuous --pack_tokens=0
+    python -m experiments.bench --size=smollm2_varlen --rollout_engine=continuous --pack_tokens=512 \\
+        --pack_rows_per_doubling=8
     python -m experiments.bench --size=smollm2_eval            # both engines, one process each
-    python -m experiments.bench --size=multiturn --rollout_engine=static --pack_tokens=176
-    python -m experiments.bench --size=multiturn --rollout_engine=continuous --pack_tokens=176
+    python -m experiments.bench --size=multiturn --rollout_engine=static --pack_tokens=24
+    python -m experiments.bench --size=multiturn --rollout_engine=continuous --pack_tokens=24
 
 (--pack_tokens must hold the longest completion: 512 for smollm2_varlen; the multiturn arms use at least their
 completion length, 24 and 176. Measured figures: docs/ROLLOUT_ENGINES.md.)
