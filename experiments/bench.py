@@ -332,16 +332,13 @@ def bench_real_lengths(rates):
     from experiments import bench_varlen
 
     engine = FLAGS.rollout_engine or "static"
-    kw = dict(slots=FLAGS.engine_slots, chunk=FLAGS.engine_chunk, per_doubling=FLAGS.pack_rows_per_doubling)
+    kw = dict(slots=FLAGS.engine_slots, chunk=FLAGS.engine_chunk)
+    packing = dict(pack_tokens=FLAGS.pack_tokens, per_doubling=FLAGS.pack_rows_per_doubling)
     if FLAGS.size == "smollm2_varlen":
         dtypes = (FLAGS.compute_dtype, FLAGS.rollout_dtype)
-        bench_varlen.bench_varlen(
-            FLAGS.steps, emit, engine_kind=engine, pack_tokens=FLAGS.pack_tokens, dtypes=dtypes, **kw
-        )
+        bench_varlen.bench_varlen(FLAGS.steps, emit, engine_kind=engine, dtypes=dtypes, **packing, **kw)
     elif FLAGS.size == "multiturn":
-        bench_varlen.bench_multiturn(
-            FLAGS.steps, emit, engine_kind=engine, pack_tokens=FLAGS.pack_tokens, **kw
-        )
+        bench_varlen.bench_multiturn(FLAGS.steps, emit, engine_kind=engine, **packing, **kw)
     elif FLAGS.rollout_engine is None:  # smollm2_eval: both engines, one process each (peak RSS apart)
         for kind in ("static", "continuous"):
             args = [
@@ -355,7 +352,7 @@ def bench_real_lengths(rates):
             args += [f"--engine_chunk={FLAGS.engine_chunk}", f"--compilation_cache={FLAGS.compilation_cache}"]
             subprocess.run(args, check=True, env=dict(os.environ, GRPO_BENCH_RATES=json.dumps(rates or {})))
     else:
-        bench_varlen.bench_eval(FLAGS.steps, emit, engine_kind=engine, slots=kw["slots"], chunk=kw["chunk"])
+        bench_varlen.bench_eval(FLAGS.steps, emit, engine_kind=engine, **kw)
 
 
 def main(argv):

@@ -266,8 +266,10 @@ def bench_multiturn(
         loop.run(warm, ex, print_fn=lambda _: None)
         for arm, flags in arms.items():
             width = 24 if arm == "single_turn" else (2 * 24 + 128)  # the arm's completion length
-            pack = [f"--pack_tokens={max(pack_tokens, width)}", f"--pack_rows_per_doubling={per_doubling}"]
-            pack = pack if pack_tokens else []
+            pack = []
+            if pack_tokens:
+                pack = [f"--pack_tokens={max(pack_tokens, width)}"]
+                pack += [f"--pack_rows_per_doubling={per_doubling}"]
             argv = [*base, *flags, *pack, f"--steps={steps + 1}", f"--sft_from={os.path.join(root, 'warm')}"]
             cfg, notes = cli.resolve([*argv, f"--workdir={os.path.join(root, arm)}"])
             loop.run(cfg, ex, print_fn=lambda _: None, notes=notes)

@@ -200,14 +200,22 @@ def make_logp_fn(cfg: tfm.TransformerConfig, chunk: int, with_values: bool = Fal
         hidden, values = tfm.forward_grouped(
             params, cfg, prompt, prompt_mask, completions, return_hidden=True
         )
-        w = tfm.head_weight(params, cfg)  # [D, V]
-        if cfg.tie_embeddings:  # w = embedᵀ: pass wᵀ (= embed; XLA cancels the two transposes), vocab-major
-            out = chunked_token_logp(hidden, w.T, completions, temperature, chunk=chunk, vocab_major=True)
-        else:
-            out = chunked_token_logp(hidden, w, completions, temperature, chunk=chunk)
+        out = head_token_logp(params, cfg, hidden, completions, temperature, chunk)
         return (*out, values) if with_values else out
 
     return logp_fn
+
+
+def head_token_logp(params, cfg: tfm.TransformerConfig, hidden, tokens, temperature, chunk: int):
+    """(logp of `tokens`, entropy) of the LM head over final-norm states `hidden` [..., D]: chunked
+    (`chunked_token_logp`, vocab-major for a tied head) when chunk > 0, else full float32 logits."""
+    w = tfm.head_weight(params, cfg)  # [D, V]
+    if not chunk:
+        logits = jnp.matmul(hidden, w.astype(hidden.dtype), preferred_element_type=f32)
+        return tfm.token_logp(logits, tokens, temperature)
+    if cfg.tie_embeddings:  # w = embedᵀ: pass wᵀ (= embed; XLA cancels the two transposes), vocab-major
+        return chunked_token_logp(hidden, w.T, tokens, temperature, chunk=chunk, vocab_major=True)
+    return chunked_token_logp(hidden, w, tokens, temperature, chunk=chunk)
 
 
 def logp_from_logits(logits_fn):

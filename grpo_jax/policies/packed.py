@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.policies import transformer as tfm
-from grpo_jax.policies.logp import chunked_token_logp
+from grpo_jax.policies.logp import head_token_logp
 
 
 class PackedLayout(NamedTuple):
@@ -189,17 +189,7 @@ def packed_policy_fn(cfg: tfm.TransformerConfig):
         states = jnp.concatenate([xp[:, -1], xc.reshape(-1, d)], axis=0)  # [B + R*N, D]
         hidden, values = tfm._head(cfg, params, states[layout.pred], return_hidden=True)
         tgt = layout.tokens.reshape(-1)
-        w = tfm.head_weight(params, cfg)  # [D, V]
-        if cfg.logp_chunk:
-            if cfg.tie_embeddings:
-                logp, ent = chunked_token_logp(
-                    hidden, w.T, tgt, temperature, chunk=cfg.logp_chunk, vocab_major=True
-                )
-            else:
-                logp, ent = chunked_token_logp(hidden, w, tgt, temperature, chunk=cfg.logp_chunk)
-        else:
-            logits = jnp.matmul(hidden, w.astype(hidden.dtype), preferred_element_type=jnp.float32)
-            logp, ent = tfm.token_logp(logits, tgt, temperature)
+        logp, ent = head_token_logp(params, cfg, hidden, tgt, temperature, cfg.logp_chunk)
         out = (logp[layout.unpack], ent[layout.unpack])
         if cfg.value_head:
             out += (values[layout.unpack],)

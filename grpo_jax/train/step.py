@@ -206,12 +206,13 @@ class PackedStep:
 
     def layout(self, batch: RolloutBatch):
         """(the layout, its PlanStats) of `batch`: groups that take no part (group_mask 0) are not packed."""
-        host = to_host((batch.prompt_mask, batch.completions, batch.completion_mask))
-        gm = np.asarray(to_host(batch.group_mask)) > 0
-        cmask = np.where(gm[..., None], host[2], 0)
+        pmask, comps, cmask, gm = to_host(
+            (batch.prompt_mask, batch.completions, batch.completion_mask, batch.group_mask)
+        )
         return packed.plan(
-            *host[:2],
-            cmask,
+            pmask,
+            comps,
+            np.where(np.asarray(gm)[..., None] > 0, cmask, 0),
             self.width,
             parts=self.parts,
             rows_multiple=self.rows_multiple,
