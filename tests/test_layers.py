@@ -317,6 +317,9 @@ def test_problem_reexports_the_sandbox_testcase():
         "expected_expr",
         "prelude",
         "stdin",
+        "checker",
+        "input_file",
+        "output_file",
     ]
 
 

@@ -25,7 +25,11 @@ C parses the payload, after the fork, in its own memory.
 
 A stdin/stdout test ("stdio" request, one per test) is the same C with fd 0 = the sealed memfd holding that
 test's input, fd 1 = its own stdout pipe (returned in full, up to the output cap, as a 4th response part) and
-fd 2 = the output pipe; the harness runs the program as `__main__` as `python3 prog.py` would.
+fd 2 = the output pipe; the harness runs the program as `__main__` as `python3 prog.py` would. A file-I/O
+test (header "input_file" / "output_file", plain names): C copies the input memfd into that file of the work
+dir before the program runs and gives it /dev/null as stdin (`_place_input`); after the program's tree is
+gone S opens the output file (no symlink, regular files only: `_open_output`) and sends it, with sendfile,
+as the 4th part instead of the stdout.
 
 In the "rlimits" mode there are no namespaces: the zygote forks C directly (new session, temporary work dir),
 and the tree kill is best effort (process group + session sweep).
@@ -43,6 +47,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -943,6 +948,8 @@ def child_c3(req, cfg, out_w, res_w, workdir, payload_fd, check_fd=None, stdin_f
         os.environ.clear()
         os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir})
         os.umask(0o077)
+        if req.get("stdio") and req.get("input_file"):
+            _place_input(req["input_file"])
         if req.get("stdio"):  # the standard streams of `python3 prog.py` on POSIX with pipes (pylifecycle.c)
             sys.stdin = sys.__stdin__ = open(
                 0, encoding="utf-8", errors="surrogateescape", newline="\n", closefd=False
@@ -964,6 +971,67 @@ def child_c3(req, cfg, out_w, res_w, workdir, payload_fd, check_fd=None, stdin_f
             pass
         os._exit(120)
     harness(req)
+
+
+def _plain_name(name):
+    """A file-I/O test's file name (the executor validated it: types.plain_file_name_error; checked again
+    here, as this process opens the output file with its privileges): a plain name of the work dir."""
+    if (
+        _type(name) is not str
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\0" in name
+        or _len(name.encode("utf-8", "surrogateescape")) > 255
+    ):
+        raise ValueError(f"not a plain file name: {name!r:.80}")
+    return name
+
+
+def _place_input(name):
+    """C, as the program's user, before the program runs: a file-I/O test's input (fd 0, its sealed memfd)
+    copied in the kernel into `name` of the work dir (the cwd); then fd 0 is /dev/null, as open-r1's runner
+    gives such a program no input on stdin."""
+    fd = os.open(
+        _plain_name(name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+    )
+    try:
+        size, off = os.fstat(0).st_size, 0
+        while off < size:
+            n = os.sendfile(fd, 0, off, size - off)
+            if n <= 0:
+                raise OSError(errno.EIO, "short copy of the input file")
+            off += n
+    finally:
+        os.close(fd)
+    null = os.open("/dev/null", os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def _open_output(workdir, name, info):
+    """S, once the program's tree is gone (nothing can change the file any more): a file-I/O test's output
+    file, opened without following a symlink and kept only if it is a regular file (a FIFO, a directory or a
+    link to a file the program cannot read itself is refused); (fd, size), or None with the reason in
+    info["output_file"]. Its bytes go to the executor with sendfile, never through this process's memory."""
+    try:
+        fd = os.open(
+            os.path.join(workdir, _plain_name(name)),
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        )
+    except FileNotFoundError:
+        info["output_file"] = "missing"
+        return None
+    except OSError as e:
+        info["output_file"] = "a symbolic link" if e.errno == errno.ELOOP else f"unreadable: {e.strerror}"
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        info["output_file"] = "not a regular file"
+        return None
+    info["output_file"] = "ok"
+    return fd, st.st_size
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -1071,15 +1139,17 @@ def _fresh_tmp(lim, uid):
 
 def run_job(req, cfg, req_fd, fds):
     """Run one request in a fresh child; (info, parts, memfds): the response parts (result records, output
-    excerpt, and for a stdio request its whole stdout) as `_send` segments of memfds, and the memfds to close
-    once sent. `req` is the request's header; `fds` holds the request's sealed memfds ("payload", and "check"
-    / "stdin" where the request has them), which go to the child and are closed here (and taken out of
-    `fds`) as soon as it is forked. What the child writes is spliced from its pipes into memfds and sent with
-    sendfile: it never enters this process's memory, so no later child (a fork of this process) can find an
-    earlier program's results or output in it (an earlier candidate's answers, another test's output)."""
+    excerpt, and for a stdio request its whole stdout, or a file-I/O test's output file) as `_send` segments
+    of memfds (or of that file), and the fds to close once sent. `req` is the request's header; `fds` holds
+    the request's sealed memfds ("payload", and "check" / "stdin" where the request has them), which go to
+    the child and are closed here (and taken out of `fds`) as soon as it is forked. What the child writes is
+    spliced from its pipes into memfds and sent with sendfile: it never enters this process's memory, so no
+    later child (a fork of this process) can find an earlier program's results or output in it (an earlier
+    candidate's answers, another test's output)."""
     lim = req["limits"]
     mode = cfg["mode"]
     ns = mode != "rlimits"
+    out_name = _plain_name(req["output_file"]) if req.get("stdio") and req.get("output_file") else None
     t0 = time.monotonic()
     deadline = t0 + float(lim["wall_s"])
     out_cap, res_cap = int(lim["output_bytes"]), int(lim["result_bytes"])
@@ -1217,7 +1287,8 @@ def run_job(req, cfg, req_fd, fds):
         info["leftover"] = max(info["leftover"], n)
         if not ok:
             info["infra"] = "processes survive SIGKILL in the slot's pid namespace"
-    else:
+    out_file = _open_output(workdir, out_name, info) if out_name else None  # before the rlimits tier's rmtree
+    if not ns:
         for _ in range(50):
             left = _session_pids(pid)
             if not left:
@@ -1239,9 +1310,18 @@ def run_job(req, cfg, req_fd, fds):
     if n_err > 2048:
         out += [b"\n...\n", (sink[out_r], n_err - 2048, 2048)]
     parts = [res, out]
-    if so_r is not None:
+    memfds = list(sink.values())
+    if out_file is not None:  # a file-I/O test: its output file is the answer, its stdout is not
+        fd, n = out_file
+        memfds.append(fd)
+        if n > out_cap:
+            info["output_limit"] = True
+        parts.append([(fd, 0, min(n, out_cap))])
+    elif out_name:
+        parts.append(b"")
+    elif so_r is not None:
         parts.append([(sink[so_r], 0, min(size[so_r], out_cap))])
-    return info, parts, list(sink.values())
+    return info, parts, memfds
 
 
 def _rmtree(path):

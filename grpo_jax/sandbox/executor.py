@@ -9,7 +9,9 @@ Each slot is a zygote process started with ``subprocess.Popen`` of ``/usr/bin/py
 forks one sandboxed child per program (see `_zygote.py` and `isolation.py`). The parent (this module) sends
 only the program and the test *calls*; the expected values never leave this process and the verdict is decided
 here from plain data (`grading.py`). A stdin/stdout job (tests of kind "stdout") is one request per test:
-the program and that test's input go to the zygote, its standard output comes back and is compared here.
+the program and that test's input go to the zygote, its standard output (or a file-I/O test's output file)
+comes back and is compared here; a checker-judged test's output then goes, with the correct output, to the
+test's checker, run as a separate sandboxed program (`CHECKER_RUNNER`), whose verdict is read here.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from grpo_jax.sandbox import cgroups, grading, isolation
 from grpo_jax.sandbox.types import Job, Limits, Status, TestResult, Verdict, is_stdio
@@ -41,7 +43,15 @@ class _WorkerDied(Exception):
 
 # what the zygote reads of a request (with the sizes of what follows); everything else (the program, setup
 # code, test calls, the stop flag) is the payload, which only the child parses
-_HEADER_KEYS = ("op", "id", "limits", "stdio")
+_HEADER_KEYS = ("op", "id", "limits", "stdio", "input_file", "output_file")
+
+
+class _JobOver(Exception):
+    """A stdin/stdout job ends now with this verdict (its worker died twice, or could not be restarted)."""
+
+    def __init__(self, verdict: Verdict):
+        super().__init__(verdict.detail)
+        self.verdict = verdict
 
 
 class _Slot:
@@ -218,14 +228,98 @@ def _stdio_output_cap(lim: Limits, t: grading.TestCase) -> int:
 
 
 def _expected_key(t: grading.TestCase):
-    if t.kind == "stdout":  # the text, hashed (it may be megabytes)
+    if t.kind == "stdout":  # the texts, hashed (they may be megabytes); the checker and the files judge too
         e = (
             t.expected
             if isinstance(t.expected, bytes)
             else str(t.expected).encode("utf-8", "surrogateescape")
         )
-        return ["stdout", hashlib.sha256(e).hexdigest(), hashlib.sha256(_stdin_bytes(t)).hexdigest()]
+        checker = (
+            hashlib.sha256(t.checker.encode("utf-8", "surrogateescape")).hexdigest() if t.checker else ""
+        )
+        return [
+            "stdout",
+            hashlib.sha256(e).hexdigest(),
+            hashlib.sha256(_stdin_bytes(t)).hexdigest(),
+            checker,
+            t.input_file,
+            t.output_file,
+        ]
     return grading.tag(t.expected)
+
+
+# The runner of a checker-judged test's checker (TestCase.checker): a fixed program that the zygote runs as a
+# stdin/stdout program of its own, in a fresh sandboxed child after the candidate's tree is gone (never in the
+# candidate's process, never in this one), with the executor's limits but CHECKER_WALL_S of wall and CPU time.
+# Its stdin (a sealed memfd, `_checker_stdin`) is one ASCII line with four sizes, then the checker's source,
+# the test's input, the correct output and the solution's output. It copies the last three, in the kernel
+# (sendfile), into files of its own work dir (a fresh /tmp), empties its stdin, and runs the checker as
+# `__main__` the way open-r1's runner does: `python3 checker.py input.txt correct_output.txt
+# solution_output.txt`. How it ends (exit status, exception, stdout) is the zygote's report, judged in the
+# parent by grading.grade_checker. The candidate never sees these files: they exist only in the checker's
+# run, after the candidate's; its argv is ["solution.py"].
+CHECKER_RUNNER = r"""
+import builtins, os, sys, types
+
+
+def _read_at(fd, n, off):
+    chunks = []
+    while n > 0:
+        b = os.pread(fd, min(n, 1 << 24), off)
+        if not b:
+            raise EOFError("the checker's request is shorter than announced")
+        chunks.append(b)
+        n, off = n - len(b), off + len(b)
+    return b"".join(chunks)
+
+
+def _unpack(names):
+    head = os.pread(0, 256, 0)
+    line = head[: head.index(b"\n") + 1]
+    sizes = [int(x) for x in line.split()]
+    off = len(line)
+    source = _read_at(0, sizes[0], off)
+    off += sizes[0]
+    for name, n in zip(names, sizes[1:]):
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        end = off + n
+        while off < end:
+            k = os.sendfile(fd, 0, off, end - off)
+            if k <= 0:
+                raise EOFError("the checker's request is shorter than announced")
+            off += k
+        os.close(fd)
+    return source.decode("utf-8", "surrogateescape")
+
+
+_names = ("input.txt", "correct_output.txt", "solution_output.txt")
+_source = _unpack(_names)
+_null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(_null, 0)
+os.close(_null)
+sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", errors="surrogateescape", newline="\n", closefd=False)
+_main = types.ModuleType("__main__")
+_main.__dict__["__builtins__"] = builtins
+sys.modules["__main__"] = _main
+sys.argv = ["checker.py", *_names]
+_code = compile(_source, "checker.py", "exec")
+del _source
+exec(_code, _main.__dict__)
+"""
+
+
+def _checker_stdin(tc: grading.TestCase, answer: bytes) -> tuple[bytes, int]:
+    """CHECKER_RUNNER's stdin for test `tc` and the candidate's `answer` (its stdout or output file), and the
+    largest of the three files it writes. The texts are prepared as open-r1's runner prepares them: the
+    input as the candidate got it, the correct output and the answer without their empty lines."""
+    parts = [
+        tc.checker.encode("utf-8", "surrogateescape"),
+        _stdin_bytes(tc),
+        grading.checker_correct_output(tc.expected),
+        grading.drop_blank_lines(answer),
+    ]
+    head = (" ".join(str(len(p)) for p in parts) + "\n").encode("ascii")
+    return head + b"".join(parts), max(len(p) for p in parts[1:])
 
 
 def _job_key(job: Job, lim: Limits) -> str:
@@ -424,6 +518,7 @@ class Executor:
             "deadline_skipped": c.get("deadline_skipped", 0),
             "oracle_runs": c.get("oracle_runs", 0),
             "stdio_test_runs": c.get("stdio_test_runs", 0),  # sandboxed runs of stdin/stdout tests
+            "checker_runs": c.get("checker_runs", 0),  # sandboxed runs of checkers (TestCase.checker)
             "cgroup_oom_kills": c.get(
                 "cgroup_oom_kills", 0
             ),  # children that computed non-literal expected values
@@ -739,17 +834,24 @@ class Executor:
 
     def _execute_stdio(self, slot: _Slot, job: Job, lim: Limits, deadline: float | None) -> Verdict:
         """A stdin/stdout job: one sandboxed run per test, in order, each with the job's wall limit (capped by
-        the batch deadline), its own fresh child, /tmp and tree kill; the output is compared here. A compile
-        error ends the job at its first test (SYNTAX_ERROR, no tests); stop_on_failure ends it at the first
-        failing test; a worker death is retried once per job."""
+        the batch deadline), its own fresh child, /tmp and tree kill; the output is compared here, or, for a
+        checker-judged test whose run ended normally, judged by its checker's own sandboxed run
+        (`_run_checker`). A compile error ends the job at its first test (SYNTAX_ERROR, no tests);
+        stop_on_failure ends it at the first failing test; a worker death is retried once per job."""
         t_job = time.monotonic()
         results: list[TestResult] = []
         retried = False
-        for i, tc in enumerate(job.tests):
-            stdin = _stdin_bytes(tc)
-            while True:
-                wall = self._wall(lim, deadline)
-                if wall is None:
+        try:
+            for i, tc in enumerate(job.tests):
+                reply, retried = self._stdio_call(
+                    slot,
+                    lim,
+                    deadline,
+                    lambda wall, tc=tc: self._stdio_request(job, tc, lim, wall),
+                    _stdin_bytes(tc),
+                    retried,
+                )
+                if reply is None:  # the batch deadline leaves no time for this test
                     if not results:
                         return Verdict(
                             Status.TIMEOUT, False, detail="batch deadline reached before the program ran"
@@ -757,37 +859,138 @@ class Executor:
                     skipped = TestResult(False, Status.TIMEOUT, 0.0, "not run: batch deadline reached")
                     results += [skipped] * (1 if job.stop_on_failure else len(job.tests) - i)
                     return grading.stdio_verdict(results, len(job.tests), time.monotonic() - t_job, retried)
-                try:
-                    ooms = self._ready(slot, lim)
-                    info, raw, output, stdout = slot.execute_stdio(
-                        self._request(job, lim, wall, _stdio_output_cap(lim, tc)),
-                        wall + _RESPONSE_SLACK_S,
-                        stdin,
+                info, raw, output, answer, ooms, _wall = reply
+                with self._lock:
+                    self._counts["stdio_test_runs"] += 1
+                    self._counts["leftover"] += int(info.get("leftover") or 0)
+                oom = None  # an OOM kill in the slot's cgroup during the candidate's run (read once needed)
+                if tc.checker:
+                    r = grading.stdout_run_failure(tc, info, raw, output, lim.result_bytes)
+                    if r is None:  # the run ended normally: its answer goes to the checker
+                        oom = ooms >= 0 and self._cg.oom_kills(slot.index) > ooms  # before the checker runs
+                        r, retried = self._run_checker(slot, tc, info, answer, deadline, retried)
+                else:
+                    r = grading.grade_stdout_test(tc, info, raw, answer, output, lim.result_bytes)
+                if not r.passed and ooms >= 0:
+                    if oom is None:
+                        oom = self._cg.oom_kills(slot.index) > ooms
+                    if oom:
+                        with self._lock:
+                            self._counts["cgroup_oom_kills"] += 1
+                        r = dataclasses.replace(
+                            r, status=Status.MEMORY, error="cgroup memory limit (OOM kill)"
+                        )
+                if r.status in (Status.SYNTAX_ERROR, Status.INFRA_ERROR):
+                    with self._lock:
+                        self._counts["executed"] += 1
+                    return Verdict(
+                        r.status, False, (), None, time.monotonic() - t_job, r.error, retried=retried
                     )
+                results.append(r)
+                if job.stop_on_failure and not r.passed:
                     break
-                except _WorkerDied as e:
-                    failed = self._after_death(slot, e, retried)
-                    if failed is not None:
-                        return failed
-                    retried = True
-            with self._lock:
-                self._counts["stdio_test_runs"] += 1
-                self._counts["leftover"] += int(info.get("leftover") or 0)
-            r = grading.grade_stdout_test(tc, info, raw, stdout, output, lim.result_bytes)
-            if ooms >= 0 and not r.passed and self._cg.oom_kills(slot.index) > ooms:
-                with self._lock:
-                    self._counts["cgroup_oom_kills"] += 1
-                r = dataclasses.replace(r, status=Status.MEMORY, error="cgroup memory limit (OOM kill)")
-            if r.status in (Status.SYNTAX_ERROR, Status.INFRA_ERROR):
-                with self._lock:
-                    self._counts["executed"] += 1
-                return Verdict(r.status, False, (), None, time.monotonic() - t_job, r.error, retried=retried)
-            results.append(r)
-            if job.stop_on_failure and not r.passed:
-                break
+        except _JobOver as e:
+            return e.verdict
         with self._lock:
             self._counts["executed"] += 1
         return grading.stdio_verdict(results, len(job.tests), time.monotonic() - t_job, retried)
+
+    def _stdio_request(self, job: Job, tc: grading.TestCase, lim: Limits, wall: float) -> dict:
+        """The request of one stdin/stdout test: the program, the test's own output cap and, for a file-I/O
+        test, the file names (in the header: the zygote opens the output file)."""
+        req = self._request(job, lim, wall, _stdio_output_cap(lim, tc))
+        if tc.input_file:
+            req["input_file"] = tc.input_file
+        if tc.output_file:
+            req["output_file"] = tc.output_file
+        return req
+
+    def _stdio_call(
+        self,
+        slot: _Slot,
+        lim: Limits,
+        deadline: float | None,
+        request: Callable[[float], dict],
+        stdin: bytes,
+        retried: bool,
+    ) -> tuple[tuple | None, bool]:
+        """One stdin/stdout run on `slot` (a candidate's test, or a checker), with `lim`'s wall limit capped
+        by the batch deadline; `request(wall)` builds the request. ((info, records, stderr excerpt, stdout or
+        output file, the slot's OOM-kill count before the run, the wall limit used), retried), or (None,
+        retried) when the deadline leaves no time to start it. A worker death is retried once per job
+        (`retried`: a retry was spent already); another raises _JobOver with the job's INFRA_ERROR verdict."""
+        while True:
+            wall = self._wall(lim, deadline)
+            if wall is None:
+                return None, retried
+            try:
+                ooms = self._ready(slot, lim)
+                info, raw, output, stdout = slot.execute_stdio(request(wall), wall + _RESPONSE_SLACK_S, stdin)
+                return (info, raw, output, stdout, ooms, wall), retried
+            except _WorkerDied as e:
+                failed = self._after_death(slot, e, retried)
+                if failed is not None:
+                    raise _JobOver(failed) from None
+                retried = True
+
+    def _run_checker(
+        self,
+        slot: _Slot,
+        tc: grading.TestCase,
+        info: dict,
+        answer: bytes,
+        deadline: float | None,
+        retried: bool,
+    ) -> tuple[TestResult, bool]:
+        """Judge a candidate's `answer` (its run of test `tc` ended normally; `info` is that run's report) by
+        the test's checker: CHECKER_RUNNER in a fresh sandboxed child on the same slot, fed the checker, the
+        input, the correct output and the answer through its stdin memfd (nothing of them passes through the
+        zygote's memory, and the candidate's tree is gone before it starts). The checker gets the executor's
+        limits with CHECKER_WALL_S of wall and CPU time (never the job's tighter limit, which is the
+        candidate's), the batch deadline permitting; files as large as its texts. (TestResult, retried)."""
+        secs = float(info.get("secs") or 0.0)
+        stdin, biggest = _checker_stdin(tc, answer)
+        base = self.limits
+        clim = dataclasses.replace(
+            base,
+            wall_s=grading.CHECKER_WALL_S,
+            cpu_s=math.ceil(grading.CHECKER_WALL_S),
+            file_bytes=max(base.file_bytes, biggest + 1),
+            workdir_bytes=max(base.workdir_bytes, len(stdin) + (16 << 20)),
+            stdin_bytes=max(base.stdin_bytes, len(stdin)),
+        )
+
+        def request(wall: float) -> dict:
+            ld = _limits_dict(clim)
+            ld["wall_s"] = wall
+            return {
+                "op": "run",
+                "program": CHECKER_RUNNER,
+                "setup": "",
+                "calls": [],
+                "limits": ld,
+                "stop": False,
+            }
+
+        reply, retried = self._stdio_call(slot, clim, deadline, request, stdin, retried)
+        if reply is None:
+            return TestResult(False, Status.TIMEOUT, secs, "checker not run: batch deadline reached"), retried
+        cinfo, raw, output, stdout, _ooms, wall = reply
+        with self._lock:
+            self._counts["checker_runs"] += 1
+            self._counts["leftover"] += int(cinfo.get("leftover") or 0)
+        r = grading.grade_checker(
+            tc,
+            secs,
+            answer,
+            cinfo,
+            raw,
+            stdout,
+            output,
+            clim.result_bytes,
+            deadline_capped=wall < clim.wall_s,
+        )
+        return r, retried
 
     def _wall(self, lim: Limits, deadline: float | None) -> float | None:
         """The wall limit of the next run: the job's, capped by what is left of the batch deadline; None (and

@@ -10,7 +10,9 @@
   `NUMERIC_WIDENING`.
 * `grade` turns a zygote response plus the records into a `Verdict` with the documented status precedence.
 * stdin/stdout tests (`TestCase(kind="stdout")`): `stdout_matches` compares a program's standard output with
-  the expected text, `grade_stdout_test` decides one test from the zygote's report, `stdio_verdict` the job.
+  the expected text, `grade_stdout_test` decides one test from the zygote's report (`stdout_run_failure`:
+  how the run ended, then the comparison), `stdio_verdict` the job. A checker-judged test's output goes
+  through `drop_blank_lines` / `checker_correct_output` to the checker, whose run `grade_checker` judges.
 """
 
 from __future__ import annotations
@@ -578,11 +580,30 @@ def grade_stdout_test(
 ) -> TestResult:
     """One stdin/stdout test from the zygote's report: the exit status and signal (the zygote's, never the
     program's word), the harness's records (syntax, start, the uncaught exception's type), the captured
-    standard output (`stdout`) and the stderr excerpt (`output`). Status precedence: sandbox failure
-    (INFRA_ERROR), compile error (SYNTAX_ERROR), wall or CPU limit (TIMEOUT), MemoryError (MEMORY), output or
-    result cap (OUTPUT_LIMIT), a signal, a non-zero exit status or no start (RUNTIME_ERROR); else the output
-    decides (PASSED / WRONG_ANSWER). Records can only make a failure more specific: a pass needs exit status
-    0 from the zygote and the right output."""
+    standard output (`stdout`; a file-I/O test's output file instead) and the stderr excerpt (`output`).
+    Status precedence: sandbox failure (INFRA_ERROR), compile error (SYNTAX_ERROR), wall or CPU limit
+    (TIMEOUT), MemoryError (MEMORY), output or result cap (OUTPUT_LIMIT), a signal, a non-zero exit status or
+    no start (RUNTIME_ERROR), no output file (WRONG_ANSWER); else the output decides (PASSED / WRONG_ANSWER).
+    Records can only make a failure more specific: a pass needs exit status 0 from the zygote and the right
+    output. A checker-judged test is decided by the executor instead (`stdout_run_failure`, then the
+    checker's run, `grade_checker`)."""
+    failed = stdout_run_failure(tc, info, raw, output, result_cap)
+    if failed is not None:
+        return failed
+    secs = float(info.get("secs") or 0.0)
+    ok, diff = stdout_matches(stdout, tc.expected, tc.float_tol)
+    if ok:
+        return TestResult(True, Status.PASSED, secs, "")
+    return TestResult(False, Status.WRONG_ANSWER, secs, diff, _shown(_as_text(stdout), GOT_CHARS))
+
+
+def stdout_run_failure(
+    tc: TestCase, info: dict, raw: bytes, output: bytes, result_cap: int
+) -> TestResult | None:
+    """How a stdin/stdout test's run ended, before its output is judged (`grade_stdout_test`'s precedence up
+    to the output): the failing TestResult, or None when the program ended normally (exit status 0) and its
+    answer (stdout, or the test's output file) is there to be judged. A checker runs only after None: its
+    cost is proportional to the runs that ended normally, and a crash stays the candidate's own status."""
     secs = float(info.get("secs") or 0.0)
     if info.get("infra"):
         return TestResult(False, Status.INFRA_ERROR, secs, _text(info["infra"], 400))
@@ -627,10 +648,98 @@ def grade_stdout_test(
             secs,
             (why or f"exit status {code}") + (f" | stderr: {err}" if err else ""),
         )
-    ok, diff = stdout_matches(stdout, tc.expected, tc.float_tol)
-    if ok:
+    if tc.output_file and info.get("output_file") != "ok":
+        state = _text(info.get("output_file"), 80) or "not reported"
+        return TestResult(
+            False,
+            Status.WRONG_ANSWER,
+            secs,
+            f"no output file {tc.output_file!r} ({state}): this test judges the file the program writes, "
+            "not its standard output",
+        )
+    return None
+
+
+# ------------------------------------------------------------------------------------------------------------
+# checker-judged stdin/stdout tests (TestCase.checker): open-r1's codeforces runner (guipenedo/piston
+# packages/codeforces/1.0.0/run) prepares both outputs, runs `python3 checker.py <input> correct_output.txt
+# <solution output>` with a 10 s limit and accepts iff the checker's stdout, all whitespace removed, is "1" or
+# "100". The executor runs the checker as its own sandboxed program (executor.CHECKER_RUNNER).
+# ------------------------------------------------------------------------------------------------------------
+CHECKER_WALL_S = 10.0  # the runner's `timeout 10 python3 checker.py ...`
+CHECKER_ACCEPTS = (b"1", b"100")
+_WHITESPACE = re.compile(rb"\s+")
+
+
+def drop_blank_lines(b: bytes) -> bytes:
+    """The runner's `sed -i '/^$/d'` on the solution's output: empty lines go (a line of spaces stays, as does
+    a missing final newline)."""
+    lines = b.split(b"\n")
+    end = lines.pop()  # what follows the last newline ("" when the text ends with one)
+    return b"".join(ln + b"\n" for ln in lines if ln) + end
+
+
+def checker_correct_output(expected: str | bytes) -> bytes:
+    """The correct output as the runner hands it to a checker: `$(cat correct_output.txt)` drops the trailing
+    newlines, `echo` adds one, `sed 's/\\r$//'` drops a carriage return at each line end ("dumb \\r from
+    codeforces"), `sed '/^$/d'` the empty lines."""
+    b = _as_bytes(expected).rstrip(b"\n") + b"\n"
+    b = b"\n".join(ln[:-1] if ln.endswith(b"\r") else ln for ln in b.split(b"\n"))
+    return drop_blank_lines(b)
+
+
+def grade_checker(
+    tc: TestCase,
+    secs: float,
+    answer: bytes,
+    info: dict,
+    raw: bytes,
+    stdout: bytes,
+    output: bytes,
+    result_cap: int,
+    deadline_capped: bool = False,
+) -> TestResult:
+    """A checker-judged test from its checker's run (the zygote's report `info`, the runner's records, the
+    checker's stdout and stderr excerpt), after the candidate's run ended normally (`secs`: the candidate's
+    time, `answer`: what it wrote, shown on a wrong answer). PASSED iff the checker exited normally and
+    printed "1" or "100" (whitespace ignored). A checker that says anything else, crashes, exceeds its time
+    or output limit, or runs out of memory fails the test as WRONG_ANSWER with a detail that says so: a
+    candidate's garbage output may crash a checker, and no such failure may count as a pass. A sandbox
+    failure is INFRA_ERROR (nobody's answer); a checker stopped by the batch deadline (`deadline_capped`: its
+    wall limit was cut short by it) is TIMEOUT, like a program the deadline stopped."""
+    got = _shown(_as_text(answer), GOT_CHARS)
+
+    def wrong(why: str) -> TestResult:
+        return TestResult(False, Status.WRONG_ANSWER, secs, why[:600], got)
+
+    if info.get("infra"):
+        return TestResult(False, Status.INFRA_ERROR, secs, "checker: " + _text(info["infra"], 400))
+    records, problem = parse_records(raw, result_cap)
+    kinds = {r["k"]: r for r in reversed(records)}
+    if "setup_err" in kinds:
+        msg = _text(kinds["setup_err"].get("msg"))
+        return TestResult(False, Status.INFRA_ERROR, secs, "checker: sandbox setup: " + msg)
+    if "syntax" in kinds or "start" not in kinds:  # the runner itself did not start: the sandbox's fault
+        return TestResult(False, Status.INFRA_ERROR, secs, "checker: its runner did not start")
+    exc = kinds.get("exc")
+    why = f"{_text(exc.get('exc'), 60)}: {_text(exc.get('msg'))}" if exc is not None else ""
+    lines = output[-600:].decode("utf-8", "replace").strip().splitlines()[-2:]
+    err = " / ".join(_text(ln.strip(), 120) for ln in lines if ln.strip())
+    sig = info.get("signal")
+    if info.get("timed_out") or sig == signal.SIGXCPU:
+        if deadline_capped:
+            return TestResult(False, Status.TIMEOUT, secs, "checker stopped: batch deadline reached", got)
+        return wrong(f"checker failed: time limit ({CHECKER_WALL_S:g} s)")
+    if info.get("output_limit") or info.get("result_limit") or problem == "result too large":
+        return wrong("checker failed: output limit")
+    if sig or info.get("exit") != 0:
+        what = why or (f"killed by signal {sig}" if sig else f"exit status {info.get('exit')}")
+        return wrong(f"checker failed: {what}" + (f" | stderr: {err}" if err else ""))
+    verdict = _WHITESPACE.sub(b"", stdout)
+    if verdict in CHECKER_ACCEPTS:
         return TestResult(True, Status.PASSED, secs, "")
-    return TestResult(False, Status.WRONG_ANSWER, secs, diff, _shown(_as_text(stdout), GOT_CHARS))
+    shown = _text(verdict[:40].decode("utf-8", "replace"), 40)
+    return wrong(f"checker: not accepted (it printed {shown!r})")
 
 
 # the job's status from its tests, worst first (the order of `grade`'s precedence)

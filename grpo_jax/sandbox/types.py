@@ -38,7 +38,7 @@ class TestCase:
       produces tuples instead of lists"), then type-strict equality as "eq" (bool is not int, an int and a
       float compare by value, a set is not a list, dict keys keep their types; exact unless `float_tol` > 0,
       as LiveCodeBench and APPS compare with `==`). APPS's one-element wrapping of outputs is undone by the
-      loader (grpo_jax.codegen.formats), not here.
+      loader (grpo_jax.data.formats.apps), not here.
 
     A stdin/stdout test is `TestCase(call="", kind="stdout", stdin=<input text>, expected=<expected stdout>)`:
     the program runs once per test as `__main__` with `stdin` on its standard input (a sealed in-memory file,
@@ -48,6 +48,19 @@ class TestCase:
     `float_tol`, default `grading.STDOUT_FLOAT_TOL` = 1e-6 absolute or relative). `stdin` and `expected` are
     str (bytes are accepted too); `stdin` is required ("" for no input) and only for this kind. A Job's tests
     are either all stdout tests or none (docs/SANDBOX.md §3.7).
+
+    Two extensions of a stdout test, for datasets such as open-r1/codeforces (docs/SANDBOX.md §3.7):
+
+    - `checker` (Python source; "" = none): for problems with several right answers the output is judged by
+      this program instead of `stdout_matches`, as open-r1's runner does: after the program ended normally,
+      the checker runs as a separate sandboxed program, `python3 checker.py <input> <correct output>
+      <solution output>` (blank lines removed from both outputs), and the test passes iff it exits normally
+      and prints "1" or "100" (whitespace ignored). `expected` is then the correct output it is given. A
+      checker that crashes or times out fails the test (wrong_answer: garbage output can crash a checker).
+    - `input_file` / `output_file` (plain file names, "" = the standard stream): old Codeforces problems read
+      `input.txt` and write `output.txt`. With `input_file` the input text is that file in the program's
+      working directory and stdin is empty; with `output_file` the text judged is that file's content after
+      the program exited (its stdout is ignored; no such file: wrong_answer).
 
     `expected` never leaves the parent. When it is not a literal (`10**12 + 1`, `math.pi`), `expected_expr`
     holds the expression and `prelude` the import lines it needs: the executor evaluates it once in a separate
@@ -66,6 +79,9 @@ class TestCase:
     expected_expr: str | None = None
     prelude: str = ""
     stdin: str | None = None  # kind="stdout" only: the test's standard input
+    checker: str = ""  # kind="stdout" only: a Python checker that judges the output instead of `expected`
+    input_file: str = ""  # kind="stdout" only: the input is this file of the work dir (stdin empty)
+    output_file: str = ""  # kind="stdout" only: the answer is this file of the work dir (stdout ignored)
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -84,16 +100,47 @@ class TestCase:
                 bad.append(f"expected={type(self.expected).__name__} (must be the expected stdout text)")
             if self.wrap or self.expected_expr is not None or self.prelude:
                 bad.append("wrap / expected_expr / prelude (call tests only)")
+            if not isinstance(self.checker, str):
+                bad.append(f"checker={type(self.checker).__name__} (must be Python source, '' for none)")
+            elif self.checker and not self.checker.strip():
+                bad.append("checker=<blank> (must be Python source, '' for none)")
+            for field in ("input_file", "output_file"):
+                why = plain_file_name_error(getattr(self, field))
+                if why:
+                    bad.append(f"{field}={getattr(self, field)!r} ({why})")
+            if self.input_file and self.input_file == self.output_file:
+                bad.append(f"input_file = output_file = {self.input_file!r} (must differ)")
             if bad:
                 raise ValueError(
-                    "a stdin/stdout test is TestCase(call='', kind='stdout', stdin=<str>, expected=<str>); "
-                    "got " + ", ".join(bad)
+                    "a stdin/stdout test is TestCase(call='', kind='stdout', stdin=<str>, expected=<str>"
+                    "[, checker=<Python source>][, input_file=<name>][, output_file=<name>]); got "
+                    + ", ".join(bad)
                 )
         else:
             if self.stdin is not None:
                 raise ValueError(f"TestCase stdin= is only for kind='stdout' tests, not kind={self.kind!r}")
+            extras = [f for f in ("checker", "input_file", "output_file") if getattr(self, f)]
+            if extras:
+                raise ValueError(
+                    f"TestCase {' / '.join(extras)} is only for kind='stdout' tests, not kind={self.kind!r}"
+                )
             if not self.call.strip():
                 raise ValueError(f"TestCase kind={self.kind!r} needs call= a Python expression, got ''")
+
+
+def plain_file_name_error(name: object) -> str:
+    """Why `name` cannot be a file-I/O test's file name ("" if it can; "" itself means no file). A plain name
+    in the program's working directory only: no '/', no '.' or '..', no NUL, at most 255 bytes, so that
+    neither the program's side nor the zygote (which opens the output file as root) ever resolves a path."""
+    if not isinstance(name, str):
+        return f"must be a str, not {type(name).__name__}"
+    if name in (".", ".."):
+        return "must be a plain file name"
+    if "/" in name or "\0" in name:
+        return "must be a plain file name (no '/' and no NUL)"
+    if len(name.encode("utf-8", "surrogateescape")) > 255:
+        return "longer than 255 bytes"
+    return ""
 
 
 # the comparisons a TestCase may name (grading.check_value; "invalid" is set by the executor's oracle)
