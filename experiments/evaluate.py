@@ -22,7 +22,7 @@ The policy: --checkpoint=WORKDIR[:STEP], a main-job workdir (its run.json and th
 default the latest; LoRA / pool / EMA runs: the trained policy's effective parameters, run.param_fn as the
 main job evaluates them), or --init_from= an HF directory, a .gguf file or a known name (or a unique prefix of
 one: smollm2). The problems: humaneval, mbpp (--split, default test), a problems file in any format of
-docs/DATA_FORMATS.md (grpo_jax.codegen.formats.load), codeio (its held-out split by default), or with
+docs/DATA_FORMATS.md (grpo_jax.data.load), codeio (its held-out split by default), or with
 --checkpoint "heldout", the run's own held-out split; --limit=N takes the first N tasks. Per task: the
 greedy completion and --num_samples at --temperature (--top_k, --top_p), up to --max_new_tokens each, --batch
 prompts per sampler call; prompts rendered as the main job renders them for that policy (the run's prompt
@@ -72,9 +72,9 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string(
     "problems",
     None,
-    "problem file (.jsonl/.jsonl.gz in any format of docs/DATA_FORMATS.md: HumanEval, MBPP, APPS / TACO, "
-    "CodeContests, LiveCodeBench, native), or "
-    "humaneval|mbpp; with --checkpoint / --init_from also heldout (the run's own held-out split) and codeio",
+    "problems file, parquet file / shard directory / glob or save_to_disk directory in any format of "
+    "docs/DATA_FORMATS.md, or humaneval|mbpp; with --checkpoint / --init_from also heldout (the run's own "
+    "held-out split) and codeio",
 )
 flags.DEFINE_string("samples", None, 'samples .jsonl: {"task_id": ..., "completion": ...} per line')
 flags.DEFINE_string(

@@ -53,6 +53,7 @@ from grpo_jax.core.aggregation import AGGREGATIONS
 from grpo_jax.core.controllers import CONTROLLER_KINDS, KL_CONTROLLERS
 from grpo_jax.core.kl import KL_ANCHORS, KL_KINDS
 from grpo_jax.core.surrogates import DPPO_DIVERGENCES, IMPORTANCE_LEVELS, OBJECTIVES, TIS_LEVELS, TIS_MODES
+from grpo_jax.data import registry as data_registry
 from grpo_jax.errors import fail
 from grpo_jax.policies.continuous import ROLLOUT_ENGINES
 from grpo_jax.policies.lora import TARGETS as LORA_TARGETS
@@ -68,8 +69,8 @@ MULTISCALE_MODES = ("mean_of_tests", "fraction")
 CURRICULUM_KINDS = ("uniform", "levels", "pass_rate", "levels+pass_rate")
 DTYPES = ("float32", "bfloat16", "float16")
 TASK_SOURCES = ("procedural", "mbpp", "codeio", "file")
-# problem-file formats (grpo_jax.codegen.formats.FORMATS; "taco" reads as apps), and which tests grade
-DATA_FORMATS = ("auto", "humaneval", "mbpp", "apps", "taco", "codecontests", "livecodebench", "native")
+# problem-file formats (the registry of grpo_jax.data: every format, then the aliases), and which tests grade
+DATA_FORMATS = ("auto", *data_registry.names())
 GRADE_TESTS = ("all", "private")
 PROMPT_FORMATS = ("plain", "chat")
 # defaults that depend on the model, resolved by RunConfig._derive (an explicit value always wins): {path:
@@ -248,7 +249,7 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
         "problems read from a file",
         lambda t: bool(t.train_data or t.eval_data),
         lambda t: "neither --train_data nor --eval_data",
-        ("data_format", "visible_tests", "max_tests"),
+        ("data_format", "visible_tests", "max_tests", "max_problems", "difficulty"),
     ),
     Mechanism(
         "chat",
@@ -688,8 +689,9 @@ class TaskConfig:
     )
     train_data: str = opt(
         "",
-        "A problems file to train on (.jsonl / .jsonl.gz in any format of docs/DATA_FORMATS.md: HumanEval, "
-        "MBPP, APPS / TACO, CodeContests, LiveCodeBench, native); selects --source=file.",
+        "A problems file to train on, in any format and container of docs/DATA_FORMATS.md (.jsonl, "
+        ".jsonl.gz, .json, .parquet: a file, a directory of shards or a glob, .arrow, a datasets "
+        "save_to_disk directory); selects --source=file.",
     )
     eval_data: str = opt(
         "",
@@ -699,7 +701,8 @@ class TaskConfig:
     )
     data_format: str = opt(
         "auto",
-        "The format of --train_data / --eval_data; auto = detected from the first row's fields.",
+        "The format of --train_data / --eval_data; auto = detected from the columns (parquet / Arrow) or the "
+        "first row's fields (JSON).",
         choices=DATA_FORMATS,
     )
     grade_tests: str = opt(
@@ -714,6 +717,17 @@ class TaskConfig:
         "CodeContests and LiveCodeBench already show their examples).",
     )
     max_tests: int = opt(0, "Keep at most this many hidden tests per file problem (0: all).")
+    max_problems: int = opt(
+        0,
+        "Read at most this many problems of each --train_data / --eval_data input, in file order (0: all); "
+        "a large file is read only as far as needed.",
+    )
+    difficulty: str = opt(
+        "",
+        "Keep only the file problems of these difficulties: comma-separated labels (easy,medium; any case) "
+        "or inclusive integer ranges (800-1200), matched against the format's difficulty field "
+        "(docs/DATA_FORMATS.md); empty: all.",
+    )
     codeio_tasks: int = opt(
         0,
         "--source=codeio: use the first N of the ~3 200 CodeI/O source tasks (0: all; the full set is built "
@@ -759,7 +773,7 @@ class TaskConfig:
         _choice(self, "grade_tests", GRADE_TESTS)
         if self.visible_tests < -1:
             fail(self, "visible_tests", "must be -1 (all), 0 (none) or a positive count")
-        _positive(self, ("max_tests", "codeio_tasks"), strict=False)
+        _positive(self, ("max_tests", "max_problems", "codeio_tasks"), strict=False)
         _choice(self, "prompt_format", ("auto", *PROMPT_FORMATS))
         for name in ("chat_instruction", "program_instruction"):
             if "{prompt}" not in getattr(self, name):

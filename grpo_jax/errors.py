@@ -28,3 +28,8 @@ def fail(obj: Any, field: str, why: str) -> None:
     for part in field.split("."):
         value = getattr(value, part)
     raise ConfigError(type(obj).__name__, field, value, why)
+
+
+class RunConfigError(ValueError):
+    """The run cannot start as configured (e.g. the workdir holds a different run, a dataset file is bad): one
+    line, exit status 2, nothing written (experiments/codegen.py)."""

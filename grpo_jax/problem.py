@@ -1,5 +1,5 @@
 """The one problem type shared by the procedural task suite, HumanEval, MBPP and the competitive-programming
-formats (APPS / TACO, CodeContests, LiveCodeBench, the native JSONL: grpo_jax.codegen.formats).
+formats (APPS / TACO, CodeContests, LiveCodeBench, KodCode, ...: grpo_jax.data).
 
 A neutral module (stdlib only, no JAX): it imports nothing of grpo_jax but the sandbox's `TestCase`, so the
 sandbox, the code-generation tasks and the trainer can all use it without importing each other.
@@ -21,7 +21,7 @@ A `Problem` carries everything the sandbox needs to grade a completion:
   With chat prompts the completion is already the first fenced block of the reply
   (`grpo_jax.codegen.pipeline.extract_code`, applied by `completion_for`).
 
-`test_kind` says what the tests are (grpo_jax.codegen.formats builds the last two, docs/DATA_FORMATS.md):
+`test_kind` says what the tests are (grpo_jax.data builds them from dataset files, docs/DATA_FORMATS.md):
 * "assert": parent-graded asserts split from HumanEval / MBPP / procedural checks (`TestCase` kinds eq, ...);
 * "stdio": the program reads a test's `stdin` and its standard output is judged against `expected`
   (`TestCase(call="", kind="stdout", stdin=..., expected=...)`);

@@ -103,6 +103,8 @@ SUB_SETTINGS = {
     "tasks.data_format": ("apps", ("problem_files",)),
     "tasks.visible_tests": ("2", ("problem_files",)),
     "tasks.max_tests": ("3", ("problem_files",)),
+    "tasks.max_problems": ("10", ("problem_files",)),
+    "tasks.difficulty": ("easy", ("problem_files",)),
     "tasks.system_prompt": ("Be brief.", ("chat",)),
     "tasks.chat_instruction": ("Complete: {prompt}", ("chat", "chat_function_problems")),
     "tasks.program_instruction": ("Solve: {prompt}", ("chat", "chat_program_problems")),

@@ -1,5 +1,5 @@
 """The main job on problems read from files (--train_data / --eval_data, every contest format of
-grpo_jax.codegen.formats) and on the offline CodeI/O set (--source=codeio): each a one-step run of the tiny
+grpo_jax.data) and on the offline CodeI/O set (--source=codeio): each a one-step run of the tiny
 model in-process (tests/mainjob.py) whose rollout is graded by the sandbox's stdin/stdout and call-based
 tests; task ids reach the logs exactly as the file writes them; a bad file is one error naming file and line.
 The verdicts themselves (right and wrong solutions of every fixture) are tests/test_formats.py's."""
@@ -12,8 +12,7 @@ from pathlib import Path
 import mainjob
 import pytest
 
-from grpo_jax import cli
-from grpo_jax.codegen import formats
+from grpo_jax import cli, data
 from grpo_jax.train.build import RunConfigError
 
 DATA = "--flagfile=experiments/flagfiles/tiny_data_test.flags"
@@ -32,27 +31,41 @@ def _samples(wd) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "fmt", ["apps", "taco", "codecontests", "livecodebench", "native", "humaneval", "mbpp"]
+    "name",
+    [
+        *(
+            f"{f}.jsonl"
+            for f in ("apps", "taco", "codecontests", "livecodebench", "native", "humaneval", "mbpp")
+        ),
+        # the 2026 schemas, in the containers they are kept in: parquet shards, parquet, save_to_disk
+        "codecontests_parquet",
+        "codeforces.parquet",
+        "kodcode.parquet",
+        "synthetic1.parquet",
+        "deepcoder_disk",
+    ],
 )
-def test_the_main_job_trains_from_a_file_of_each_format(ex, tmp_path, fmt):
-    train = FIX / f"{fmt}.jsonl"
-    kinds = {p.test_kind for p in formats.load(train)}
-    assert kinds == ({"assert"} if fmt in ("humaneval", "mbpp") else kinds & {"stdio", "call"}) and kinds, (
-        kinds
-    )
-    one_problem = len(formats.load(train)) == 1  # the HumanEval and MBPP fixtures: one problem each
+def test_the_main_job_trains_from_a_file_of_each_format(ex, tmp_path, name):
+    train = FIX / name
+    kinds = {p.test_kind for p in data.load(train)}
+    assertion_style = name.split(".")[0] in ("humaneval", "mbpp", "kodcode")
+    assert kinds == ({"assert"} if assertion_style else kinds & {"stdio", "call"}) and kinds, kinds
+    # held-out: the JSONL formats' runs on the CodeContests parquet shards, the 2026 schemas' on their input
+    held_file = FIX / "codecontests_parquet" if name.endswith(".jsonl") else train
+    n_held = len(data.load(held_file))
+    one_problem = len(data.load(train)) == 1  # the HumanEval and MBPP fixtures: one problem each
     results, out = mainjob.run(
         DATA,
         *ONE_STEP,
         *(["--prompts_per_step=1"] if one_problem else []),
         f"--train_data={train}",
-        f"--eval_data={FIX / 'codecontests.jsonl'}",
+        f"--eval_data={held_file}",
         workdir=tmp_path / "run",
         executor=ex,
     )
     assert results["steps"] == 1
-    train_ids = {p.task_id for p in formats.load(train)}
-    assert f"RL training problems ({train})" in out and "2 held-out" in out
+    train_ids = {p.task_id for p in data.load(train)}
+    assert f"RL training problems ({train})" in out and f"{n_held} held-out" in out
     step = mainjob.metrics(tmp_path / "run")[1]
     assert math.isfinite(step["loss"]) and 0.0 <= step["reward"] <= 1.0
     rows = _samples(tmp_path / "run")
@@ -62,14 +75,14 @@ def test_the_main_job_trains_from_a_file_of_each_format(ex, tmp_path, fmt):
         r["status"] in {"passed", "wrong_answer", "runtime_error", "syntax_error", "timeout"} for r in rows
     )
     held = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert held["grpo"]["n_problems"] == 2.0
+    assert held["grpo"]["n_problems"] == n_held
 
 
 def test_held_out_file_problems_are_graded_on_their_hidden_tests_only(tmp_path):
     cfg, _ = mainjob.config(
         DATA, f"--train_data={FIX / 'native.jsonl'}", "--heldout_per_level=2", workdir=tmp_path / "w"
     )
-    from grpo_jax.train.build import problem_sets
+    from grpo_jax.data.problems import load_problems as problem_sets
 
     p = problem_sets(cfg)
     assert len(p.heldout) == 2 and len(p.rl) == 3
@@ -133,7 +146,7 @@ def test_the_runs_grader_scores_right_and_wrong_replies_of_every_format(ex):
         by_file.setdefault(s["file"], {})[s["task_id"]] = s
     problems, texts = [], []
     for name, wanted in sorted(by_file.items()):
-        for p in formats.load(FIX / name):
+        for p in data.load(FIX / name):
             if p.task_id in wanted:
                 problems.append(p)
                 for code in (wanted[p.task_id]["correct"], wanted[p.task_id]["wrong"]):
@@ -168,7 +181,8 @@ def test_mbpp_prompts_longer_than_prompt_len_are_left_out_before_anything_runs(t
     did not fit once failed the run with a traceback minutes in, at its first evaluation. Now the training
     and held-out problems that do not fit are left out at build time with a count, as for dataset files."""
     from grpo_jax.codegen.pipeline import render_prompt
-    from grpo_jax.train.build import fit_prompts, model_and_tokenizer, problem_sets
+    from grpo_jax.data.problems import load_problems as problem_sets
+    from grpo_jax.train.build import fit_prompts, model_and_tokenizer
 
     cfg, _ = mainjob.config(
         DATA,
@@ -205,7 +219,7 @@ def test_stop_on_failure_gives_the_same_rewards_and_ends_each_programs_tests_at_
     sols = [json.loads(x) for x in (FIX / "solutions.jsonl").read_text().splitlines()]
     problems, texts = [], []
     for s in sols:
-        p = {q.task_id: q for q in formats.load(FIX / s["file"])}[s["task_id"]]
+        p = {q.task_id: q for q in data.load(FIX / s["file"])}[s["task_id"]]
         problems.append(p)
         texts += [f"```python\n{s[k]}```" for k in ("correct", "wrong")]
     fmt = PromptFormat("chat")

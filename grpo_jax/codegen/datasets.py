@@ -10,7 +10,7 @@
   parent-graded `TestCase`; only the lines that cannot be split run in the child as ``child_check``.
   ``test_setup_code`` becomes ``setup_code``. ``challenge_test_list`` is not used.
 * A problems file in any format (these two, APPS / TACO, CodeContests, LiveCodeBench, the native JSONL):
-  `grpo_jax.codegen.formats.load` (docs/DATA_FORMATS.md), which uses the two converters here.
+  `grpo_jax.data.load` (docs/DATA_FORMATS.md), whose humaneval / mbpp formats use the two converters here.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from grpo_jax.codegen import datasets, formats
+from grpo_jax import data
+from grpo_jax.codegen import datasets
 
 # grpo_jax.policies.continuous.ROLLOUT_ENGINES, copied so that this module imports no JAX (tested equal)
 ROLLOUT_ENGINES = ("static", "continuous")
@@ -214,11 +215,11 @@ def load_problem_set(o: PolicyEval, executor=None) -> tuple[list, list]:
         rows = datasets.read_jsonl(datasets.humaneval_path())
     else:
         try:  # evaluation grades on the hidden tests (the public ones may be in the prompt)
-            problems = formats.load(o.problems, grade_tests="private")
+            problems = data.load(o.problems, grade_tests="private", max_problems=o.limit or None)
         except (ValueError, OSError, EOFError, UnicodeDecodeError, KeyError, TypeError) as e:
             raise UsageError(f"--problems={o.problems}: {e}") from None
         try:
-            rows = datasets.read_jsonl(o.problems)
+            rows = datasets.read_jsonl(o.problems) if os.path.isfile(o.problems) else []
         except (ValueError, OSError, EOFError, UnicodeDecodeError):
             rows = []  # a format the loader reads but that is not JSON lines: the loader's ids
     problems = list(problems)[: o.limit]

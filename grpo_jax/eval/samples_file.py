@@ -11,7 +11,8 @@ import os
 import tempfile
 import time
 
-from grpo_jax.codegen import datasets, formats
+from grpo_jax import data
+from grpo_jax.codegen import datasets
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.codegen.passk import pass_at_k
 from grpo_jax.codegen.timelimits import with_reference_time_limits
@@ -25,12 +26,13 @@ def load_problem_file(spec: str):
         return datasets.load_humaneval()
     if spec == "mbpp":
         return datasets.load_mbpp()
-    if not os.path.isfile(spec):
+    if not os.path.exists(spec) and not set("*?[") & set(spec):
         raise UsageError(
-            f"--problems={spec}: no such file (give a .jsonl/.jsonl.gz file, 'humaneval' or 'mbpp')"
+            f"--problems={spec}: no such file or directory (give a problems file, a parquet directory or "
+            "glob, a save_to_disk directory, 'humaneval' or 'mbpp')"
         )
     try:  # evaluation grades on the hidden tests (the public ones may be in the prompt)
-        return formats.load(spec, grade_tests="private")
+        return data.load(spec, grade_tests="private")
     except (ValueError, OSError, EOFError, UnicodeDecodeError) as e:
         raise UsageError(f"--problems={spec}: {e}") from None
 
@@ -154,6 +156,7 @@ def grade_samples_file(
                     "grading": grading_class(prob),
                     "tests_passed": v.tests_passed,
                     "tests_total": len(prob.tests),
+                    "tests": [t.status.value for t in v.tests],  # per parent-graded test, in order
                     "child_check": prob.child_check is not None,
                     "child_check_passed": v.child_check_passed,
                     "seconds": round(v.seconds, 4),

@@ -15,14 +15,15 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import numpy as np
 
 from grpo_jax import rng as rng_lib
-from grpo_jax.codegen import datasets, tasks
 from grpo_jax.config import RunConfig
+from grpo_jax.data.problems import Problems, load_problems
+from grpo_jax.errors import RunConfigError
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.rollout.codegen import make_rollout
@@ -35,17 +36,6 @@ from grpo_jax.train.checkpoint import Checkpointer
 from grpo_jax.train.logging import MetricsLogger
 from grpo_jax.train.state import RunState, init_state, make_optimizer
 from grpo_jax.train.step import make_train_step
-
-
-class RunConfigError(ValueError):
-    """The run cannot start as configured (e.g. the workdir holds a different run)."""
-
-
-class Problems(NamedTuple):
-    sft: list  # the supervised warm start's problems
-    rl: list  # the RL training problems
-    heldout: list  # the held-out evaluation problems
-    extra: dict  # {name: problems} evaluated greedily besides the held-out set (mbpp, humaneval)
 
 
 @dataclasses.dataclass
@@ -94,7 +84,7 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     ctx = distributed.context(cfg.dist)
     print_fn = ctx.print_fn(print_fn)
     mesh = run_mesh(cfg, ctx, print_fn)
-    problems = problem_sets(cfg, executor)
+    problems = load_problems(cfg, executor, print_fn)
     tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
     problems = fit_prompts(cfg, tok, problems, print_fn)
     check_chat_template(cfg, tok, problems)
@@ -250,41 +240,6 @@ def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
     return mesh
 
 
-def problem_sets(cfg: RunConfig, executor: Executor | None = None) -> Problems:
-    """The run's problems: the procedural suite's splits (or MBPP's, CodeI/O's, a file's), and the extra
-    evaluation sets. A --eval_data file replaces the source's held-out set (graded on its hidden tests).
-    `executor`: the sandbox that builds the CodeI/O tests on first use (None: one made for it)."""
-    t = cfg.tasks
-    if t.source == "mbpp":
-        train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
-        sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
-    elif t.source == "codeio":
-        from grpo_jax.codegen.codeio import load_codeio
-
-        every = load_codeio("all", limit=t.codeio_tasks or None, executor=executor)  # one read of the cache
-        train = [q for q in every if q.split == "train"]
-        sft_p, rl_p = train, train
-        held = [] if t.eval_data else [q for q in every if q.split == "heldout"][: t.heldout_per_level]
-        heldout = [q.with_grade_tests("private") for q in held]
-    elif t.source == "file":
-        sft_p, rl_p, heldout = file_problems(cfg)
-    else:
-        split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
-        sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
-        rl_p = tasks.make_split("train", levels=t.rl_levels, **split)
-        heldout = tasks.make_split(
-            "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
-        )
-    if t.eval_data:
-        heldout = load_data(cfg, t.eval_data, "private")
-    extra = {}
-    if cfg.eval.mbpp:
-        extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
-    if cfg.eval.humaneval:
-        extra["humaneval"] = datasets.load_humaneval()
-    return Problems(sft_p, rl_p, heldout, extra)
-
-
 def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
     """Problems of a dataset (--source=file|codeio|mbpp, --eval_data) whose prompt is longer than
     --prompt_len tokens are left out before anything runs, with a count (the datasets' statements run to
@@ -365,46 +320,6 @@ def check_chat_template(cfg: RunConfig, tok, p: Problems) -> None:
             f"--prompt_format=chat: the chat template of {source} does not render a prompt "
             f"({type(e).__name__}: {msg})"
         ) from None
-
-
-def load_data(cfg: RunConfig, path: str, grade_tests: str) -> list:
-    """The problems of a --train_data / --eval_data file (grpo_jax.codegen.formats); a bad file is one
-    RunConfigError naming the file, line and field."""
-    from grpo_jax.codegen import formats
-
-    t = cfg.tasks
-    try:
-        return formats.load(
-            path,
-            None if t.data_format == "auto" else t.data_format,
-            grade_tests=grade_tests,
-            visible_tests=None if t.visible_tests < 0 else t.visible_tests,
-            max_tests=t.max_tests or None,
-        )
-    except (OSError, ValueError) as e:
-        raise RunConfigError(f"{path}: {e}" if path not in str(e) else str(e)) from None
-
-
-def file_problems(cfg: RunConfig) -> tuple[list, list, list]:
-    """(SFT, RL, held-out) of --train_data: SFT on the problems that carry a reference solution; without
-    --eval_data, --heldout_per_level problems chosen by a hash of their task ids are held out (graded on
-    their hidden tests) and kept out of training."""
-    import hashlib
-
-    t = cfg.tasks
-    train = load_data(cfg, t.train_data, t.grade_tests)
-    heldout = []
-    if not t.eval_data:
-        order = sorted(train, key=lambda p: hashlib.sha256(p.task_id.encode()).hexdigest())
-        held = {p.task_id for p in order[: t.heldout_per_level]}
-        if len(held) >= len(train):
-            raise RunConfigError(
-                f"{t.train_data}: {len(train)} problems, all held out by --heldout_per_level="
-                f"{t.heldout_per_level}: give --eval_data=PATH or a smaller --heldout_per_level"
-            )
-        heldout = [p.with_grade_tests("private") for p in train if p.task_id in held]
-        train = [p for p in train if p.task_id not in held]
-    return [p for p in train if p.reference], train, heldout
 
 
 def reference_limits(cfg: RunConfig, executor: Executor, p: Problems, print_fn, ctx=None) -> Problems:

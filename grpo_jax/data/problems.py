@@ -1,0 +1,108 @@
+"""The main job's problem sets (moved here from the run's assembly, grpo_jax.train.build): the procedural
+suite's splits, MBPP's, CodeI/O's or a dataset input's (--train_data / --eval_data, through
+grpo_jax.data.load), and the extra evaluation sets (--eval_mbpp, --eval_humaneval).
+
+    problems = load_problems(cfg, executor)   # Problems(sft, rl, heldout, extra)
+
+A bad input is one RunConfigError naming the file, row and field, raised before anything is written.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import NamedTuple
+
+from grpo_jax.codegen import datasets, tasks
+from grpo_jax.config import RunConfig
+from grpo_jax.data.load import load
+from grpo_jax.errors import RunConfigError
+
+
+class Problems(NamedTuple):
+    sft: list  # the supervised warm start's problems
+    rl: list  # the RL training problems
+    heldout: list  # the held-out evaluation problems
+    extra: dict  # {name: problems} evaluated greedily besides the held-out set (mbpp, humaneval)
+
+
+def load_problems(cfg: RunConfig, executor=None, print_fn=print) -> Problems:
+    """The run's problems: the procedural suite's splits (or MBPP's, CodeI/O's, a file's), and the extra
+    evaluation sets. A --eval_data file replaces the source's held-out set (graded on its hidden tests).
+    `executor`: the sandbox that builds the CodeI/O tests on first use (None: one made for it); `print_fn`:
+    where the count of problems left out (Unsupported rows) goes."""
+    t = cfg.tasks
+    if t.source == "mbpp":
+        train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
+        sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
+    elif t.source == "codeio":
+        from grpo_jax.codegen.codeio import load_codeio
+
+        every = load_codeio("all", limit=t.codeio_tasks or None, executor=executor)  # one read of the cache
+        train = [q for q in every if q.split == "train"]
+        sft_p, rl_p = train, train
+        held = [] if t.eval_data else [q for q in every if q.split == "heldout"][: t.heldout_per_level]
+        heldout = [q.with_grade_tests("private") for q in held]
+    elif t.source == "file":
+        sft_p, rl_p, heldout = file_problems(cfg, print_fn)
+    else:
+        split = dict(n_per_level=t.train_per_level, seed=cfg.seed)
+        sft_p = tasks.make_split("train", levels=t.sft_levels, **split)
+        rl_p = tasks.make_split("train", levels=t.rl_levels, **split)
+        heldout = tasks.make_split(
+            "heldout", levels=t.eval_levels, n_per_level=t.heldout_per_level, seed=cfg.seed
+        )
+    if t.eval_data:
+        heldout = load_data(cfg, t.eval_data, "private", print_fn)
+    extra = {}
+    if cfg.eval.mbpp:
+        extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
+    if cfg.eval.humaneval:
+        extra["humaneval"] = datasets.load_humaneval()
+    return Problems(sft_p, rl_p, heldout, extra)
+
+
+def load_data(cfg: RunConfig, path: str, grade_tests: str, print_fn=print) -> list:
+    """The problems of a --train_data / --eval_data input (grpo_jax.data.load: --data_format, --max_problems,
+    --difficulty, ...); a bad input is one RunConfigError naming the file, row and field. The rows left out
+    as ungradable (interactive problems, checkers that do not compile) are counted on one line."""
+    t = cfg.tasks
+    skipped: Counter = Counter()
+    try:
+        problems = load(
+            path,
+            None if t.data_format == "auto" else t.data_format,
+            grade_tests=grade_tests,
+            visible_tests=None if t.visible_tests < 0 else t.visible_tests,
+            max_tests=t.max_tests or None,
+            max_problems=t.max_problems or None,
+            difficulty=t.difficulty or None,
+            skipped=skipped,
+        )
+    except (OSError, ValueError) as e:
+        raise RunConfigError(" ".join((f"{path}: {e}" if path not in str(e) else str(e)).split())) from None
+    if skipped:
+        why = "; ".join(f"{n} {reason}" for reason, n in skipped.most_common())
+        print_fn(f"{path}: {sum(skipped.values())} problems left out ({why})")
+    return problems
+
+
+def file_problems(cfg: RunConfig, print_fn=print) -> tuple[list, list, list]:
+    """(SFT, RL, held-out) of --train_data: SFT on the problems that carry a reference solution; without
+    --eval_data, --heldout_per_level problems chosen by a hash of their task ids are held out (graded on
+    their hidden tests) and kept out of training."""
+    import hashlib
+
+    t = cfg.tasks
+    train = load_data(cfg, t.train_data, t.grade_tests, print_fn)
+    heldout = []
+    if not t.eval_data:
+        order = sorted(train, key=lambda p: hashlib.sha256(p.task_id.encode()).hexdigest())
+        held = {p.task_id for p in order[: t.heldout_per_level]}
+        if len(held) >= len(train):
+            raise RunConfigError(
+                f"{t.train_data}: {len(train)} problems, all held out by --heldout_per_level="
+                f"{t.heldout_per_level}: give --eval_data=PATH or a smaller --heldout_per_level"
+            )
+        heldout = [p.with_grade_tests("private") for p in train if p.task_id in held]
+        train = [p for p in train if p.task_id not in held]
+    return [p for p in train if p.reference], train, heldout
