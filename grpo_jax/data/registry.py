@@ -28,7 +28,8 @@ class Format:
     grpo_jax.codegen.datasets); aliases: other names for it (e.g. taco = apps);
     columns: the columns a columnar file (parquet / Arrow) needs read (None: all); difficulty: a row's
     difficulty as a str or int (None: the format has none), for --difficulty; unique_ids: task ids must be
-    unique in the input (HumanEval / MBPP files keep their old rule: not checked)."""
+    unique in the input (HumanEval / MBPP files keep their old rule: not checked); order: the detection
+    order (lower first; ties by name)."""
 
     name: str
     signature: tuple[str, ...]
@@ -39,6 +40,7 @@ class Format:
     columns: tuple[str, ...] | None = None
     difficulty: Callable[[dict], Any] | None = None
     unique_ids: bool = True
+    order: int = 50
 
     @property
     def title(self) -> str:
@@ -59,6 +61,14 @@ def register(fmt: Format) -> Format:
     for a in fmt.aliases:
         ALIASES[a] = fmt.name
     return fmt
+
+
+def sort() -> None:
+    """Put FORMATS in detection order (by `order`, then name); grpo_jax.data.formats calls it once all its
+    modules registered."""
+    items = sorted(FORMATS.values(), key=lambda f: (f.order, f.name))
+    FORMATS.clear()
+    FORMATS.update((f.name, f) for f in items)
 
 
 def names(with_aliases: bool = True) -> tuple[str, ...]:

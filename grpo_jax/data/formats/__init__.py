@@ -1,30 +1,16 @@
-"""One module per dataset format; importing this package registers them all (grpo_jax.data.registry), in
-the order detection tries them (the first format whose identifying fields a row has wins).
+"""One module per dataset format; importing this package imports every module in it, and each registers its
+`Format` (grpo_jax.data.registry). Detection tries the formats in the order of their `order` field (the first
+format whose identifying fields a row has wins: a format whose signature contains another's comes first).
 
-A new format is one module here (its converter and one `register(Format(...))`), its name in ORDER, a
-fixture under tests/fixtures/formats and its section in docs/DATA_FORMATS.md (WORKSPACE.md, "How to extend").
+A new format is one module here (its converter and one `register(Format(...))`), a fixture under
+tests/fixtures/formats and its section in docs/DATA_FORMATS.md (WORKSPACE.md, "How to extend").
 """
 
 import importlib
+import pkgutil
 
-ORDER = (
-    "humaneval",
-    "mbpp",
-    "livecodebench",
-    "codecontests",
-    "codeforces",
-    "kodcode",
-    "synthetic1",
-    "deepcoder",
-    "apps",
-    "native",
-)
+from grpo_jax.data import registry as _registry
 
-for _name in ORDER:
-    importlib.import_module(f"{__name__}.{_name}")
-
-from grpo_jax.data import registry as _registry  # noqa: E402
-
-# detection order is ORDER, whatever order the modules imported each other in
-_registry.FORMATS.update({n: _registry.FORMATS.pop(n) for n in ORDER})
-assert tuple(_registry.FORMATS) == ORDER, "a format module is missing from ORDER"
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_m}")
+_registry.sort()

@@ -156,6 +156,7 @@ FORMAT = register(
         description="APPS/TACO format",
         follows="hendrycks/apps eval/testing_util.py; FlagOpen/TACO metrics/testing_util.py",
         convert=convert,
+        order=40,
         aliases=("taco",),
         difficulty=lambda row: row.get("difficulty"),
     )

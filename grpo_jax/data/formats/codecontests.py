@@ -96,6 +96,7 @@ FORMAT = register(
         description="CodeContests format",
         follows="google-deepmind/code_contests contest_problem.proto; the deepmind/code_contests card",
         convert=convert,
+        order=21,
         aliases=("code_contests",),
         # incorrect_solutions (most of a shard's bytes) is never read
         columns=(

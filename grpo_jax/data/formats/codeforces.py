@@ -112,6 +112,7 @@ FORMAT = register(
         description="Open-R1 Codeforces format",
         follows="the open-r1/codeforces card; open-r1 cf_scoring.py; guipenedo/piston codeforces run",
         convert=convert,
+        order=22,
         columns=(
             "id",
             "title",

@@ -121,5 +121,6 @@ FORMAT = register(
         description="DeepCoder-Preview format",
         follows="the agentica-org/DeepCoder-Preview-Dataset card; agentica-project/rllm deepcoder_dataset.py",
         convert=convert,
+        order=25,
     )
 )

@@ -35,6 +35,7 @@ FORMAT = register(
         description="HumanEval format",
         follows="openai/human-eval human_eval/data.py and execution.py",
         convert=convert,
+        order=10,
         unique_ids=False,
     )
 )

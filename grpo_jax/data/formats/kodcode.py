@@ -87,6 +87,7 @@ FORMAT = register(
         description="KodCode format",
         follows="the KodCode/KodCode-V1 card (KodCode, 2025)",
         convert=convert,
+        order=23,
         columns=(
             "question_id",
             "question",

@@ -217,6 +217,7 @@ FORMAT = register(
         description="LiveCodeBench format",
         follows="LiveCodeBench lcb_runner/benchmarks/code_generation.py, evaluation/testing_util.py",
         convert=convert,
+        order=20,
         difficulty=lambda row: row.get("difficulty"),
     )
 )

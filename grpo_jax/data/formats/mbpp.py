@@ -38,6 +38,7 @@ FORMAT = register(
         description="MBPP format",
         follows="google-research/mbpp (mbpp.jsonl); the evalplus task-id convention",
         convert=convert,
+        order=11,
         unique_ids=False,
     )
 )

@@ -80,6 +80,7 @@ FORMAT = register(
         description="native format",
         follows="docs/DATA_FORMATS.md (this project)",
         convert=convert,
+        order=41,
         difficulty=lambda row: row.get("difficulty"),
     )
 )

@@ -113,6 +113,7 @@ FORMAT = register(
         description="SYNTHETIC-1 / PrimeIntellect verifiable-coding-problems format",
         follows="the PrimeIntellect/verifiable-coding-problems card; agentica-project/rllm code_reward.py",
         convert=convert,
+        order=24,
         aliases=("primeintellect",),
         difficulty=_difficulty,
     )
