@@ -14,7 +14,7 @@ row R" (parquet, both from 0), "PATH: batch B, row R" (Arrow). `index` counts ro
 Dataset files are untrusted input. They are read with pyarrow (pinned in requirements.txt), whose releases
 before 14.0.1 could run code from a file's Arrow extension type metadata (CVE-2023-47248, the pickled
 `arrow.py_extension_type`); the pinned release has no Python extension type left to load, and nothing here
-registers one, so an extension column reads as its storage type (tests/test_data_containers.py checks a file
+registers one, so an extension column reads as its storage type (tests/test_data_formats.py checks a file
 that names a pickle payload). JSON is parsed by the stdlib; nothing is unpickled here.
 """
 
