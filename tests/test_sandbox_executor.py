@@ -192,6 +192,18 @@ def test_child_check_class(ex):
     assert v[5].status is Status.WRONG_ANSWER and not v[5].tests[0].passed and v[5].child_check_passed is True
 
 
+def test_a_program_cannot_stand_in_for_the_builtins_a_child_check_calls(ex):
+    """The checker binds the program's names into the check's namespace, but never one that shadows a builtin
+    (a program's own `len` would answer the check's `len(...)`) and never a dunder name."""
+    check = "r = inc(1)\nassert len(r) == 3 and sorted(r) == [1, 1, 1]\n"
+    right = "def inc(x):\n    return [x, x, x]\n"
+    wrong = "def inc(x):\n    return [x]\n"
+    shadow = wrong + "def len(x):\n    return 3\ndef sorted(x):\n    return [1, 1, 1]\n"
+    dunder = wrong + "__builtins__ = {'len': lambda x: 3, 'sorted': lambda x: [1, 1, 1]}\n"
+    v = ex.run([Job(p, (), child_check=check) for p in (right, wrong, shadow, dunder)])
+    assert [x.child_check_passed for x in v] == [True, False, False, False], [x.detail for x in v]
+
+
 def test_child_check_hacks_score_zero(ex):
     names = list(CHILD_HACKS)
     vs = ex.run(

@@ -810,10 +810,19 @@ def _checker(req):
     try:
         import builtins
 
-        ns = {"__name__": "__main__", "__builtins__": builtins}
+        # the program's names, as P announced them (P runs the candidate: it may send anything). A dunder
+        # name is never bound (a forged "__builtins__" would replace every builtin the check calls), and a
+        # name that shadows a builtin (a program's own `len`) is not bound into the check's namespace, where
+        # the check's `len(...)` must stay the real one; every non-dunder name is also in `__program__`, for
+        # checks that import the program as a module (grpo_jax.sandbox.pytest_tests)
+        program = {}
         for name, tagged in names.items():
-            if _type(name) is str and name.isidentifier():
-                ns[name] = _untag(tagged)
+            if _type(name) is str and name.isidentifier() and not name.startswith("__"):
+                program[name] = _untag(tagged)
+        ns = {"__name__": "__main__", "__builtins__": builtins, "__program__": program}
+        for name, value in program.items():
+            if not hasattr(builtins, name):
+                ns[name] = value
         _exec(_compile(check, "<check>", "exec"), ns)
         _emit({"k": "check", "ok": True})
     except _BaseException as e:

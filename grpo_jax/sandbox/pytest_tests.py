@@ -975,18 +975,21 @@ def _child_code(tree: ast.Module, mod: _Module, child: list[_Item]) -> str:
 
 
 # The check's first lines. They run in the check's namespace, where the checker bound the program's names
-# (plain data or references to the program's objects), and move them all into `_grpo_cand` before any lookup
+# (plain data or references to the program's objects; those that shadow a builtin only in `__program__`,
+# which the checker fills with every non-dunder name), and move them all into `_grpo_cand` before any lookup
 # of a name the program could have bound (only `__builtins__`, which the program cannot name, is used until
 # then; a namespace whose `__builtins__` is not the builtins module fails at once). The stand-ins (`_SHIM`)
 # then run in a namespace of their own, so names the test module binds (its helpers, a star import) never
 # change what the runner and `pytest` do.
 _PRELUDE = """\
 _grpo_g = __builtins__.globals()
+_grpo_prog = _grpo_g.pop("__program__", {})
 _grpo_cand = {}
 for _grpo_k in __builtins__.list(_grpo_g):
-    if _grpo_k not in ("__name__", "__builtins__", "_grpo_g", "_grpo_cand"):
+    if _grpo_k not in ("__name__", "__builtins__", "_grpo_g", "_grpo_cand", "_grpo_prog"):
         _grpo_cand[_grpo_k] = _grpo_g.pop(_grpo_k)
-del _grpo_k
+_grpo_cand.update(_grpo_prog)
+del _grpo_k, _grpo_prog
 _grpo_shim = {"__builtins__": __builtins__, "__name__": "_grpo_pytest_shim", "_grpo_g": _grpo_g}
 _grpo_shim.update(_grpo_cand=_grpo_cand, _grpo_own=frozenset(_GRPO_OWN_NAMES))
 exec(compile(_GRPO_SHIM_SOURCE, "<pytest stand-in>", "exec"), _grpo_shim)
