@@ -124,11 +124,11 @@ def _literal(node: ast.AST):
         return False, None
 
 
-def _dotted(node: ast.AST) -> str:
+def dotted_name(node: ast.AST) -> str:
     if isinstance(node, ast.Name):
         return node.id
     if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
+        base = dotted_name(node.value)
         return f"{base}.{node.attr}" if base else ""
     return ""
 
@@ -255,7 +255,7 @@ def _split_test(test: ast.AST, source: str, ctx: _Ctx) -> TestCase | None:
             return None
         return _make(*peeled, "falsy", (), source, ctx)
     # math.isclose(CALL, EXPR, rel_tol=.., abs_tol=..)
-    if isinstance(test, ast.Call) and _dotted(test.func) in ctx.isclose_names:
+    if isinstance(test, ast.Call) and dotted_name(test.func) in ctx.isclose_names:
         if len(test.args) != 2 or any(isinstance(a, ast.Starred) for a in test.args):
             return None
         kw = {k.arg: k.value for k in test.keywords}

@@ -68,7 +68,7 @@ import copy
 import dataclasses
 import itertools
 
-from grpo_jax.sandbox.asserts import BUILTIN_NAMES, free_names, parse, split_assert
+from grpo_jax.sandbox.asserts import BUILTIN_NAMES, dotted_name, free_names, parse, split_assert
 from grpo_jax.sandbox.types import TestCase
 
 __all__ = ["PytestTests", "case_test_name", "split_pytest"]
@@ -143,18 +143,9 @@ class _Item:
     child_marks: bool  # skipif / usefixtures: decided at run time
 
 
-def _dotted(node: ast.AST) -> str:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return f"{base}.{node.attr}" if base else ""
-    return ""
-
-
 def _pytest_attr(node: ast.AST, mod: _Module) -> str | None:
     """`pytest.a.b` (through any alias, or `from pytest import a`) -> "a.b"; None when not pytest's."""
-    d = _dotted(node.func if isinstance(node, ast.Call) else node)
+    d = dotted_name(node.func if isinstance(node, ast.Call) else node)
     if not d:
         return None
     head, _, rest = d.partition(".")
@@ -175,7 +166,7 @@ def _is_runner_call(node: ast.stmt, mod: _Module) -> bool:
     """A top-level `pytest.main(...)` / `unittest.main()` statement."""
     if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)):
         return False
-    return _pytest_attr(node.value, mod) == "main" or _dotted(node.value.func) == "unittest.main"
+    return _pytest_attr(node.value, mod) == "main" or dotted_name(node.value.func) == "unittest.main"
 
 
 def _stored_names(node: ast.AST) -> set[str]:
@@ -432,7 +423,7 @@ def _test_marks(test: str, fn: ast.FunctionDef, mod: _Module, unittest_cls: bool
     for dec in reversed(fn.decorator_list):
         name = _mark_name(dec, mod)
         if name is None:
-            d = _dotted(dec.func if isinstance(dec, ast.Call) else dec)
+            d = dotted_name(dec.func if isinstance(dec, ast.Call) else dec)
             if unittest_cls and d.split(".")[-1] in ("skip", "skipIf", "skipUnless") and "unittest" in d:
                 child = True
                 continue
@@ -494,7 +485,7 @@ def _collect(tree: ast.Module, mod: _Module) -> list[_Item]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             add_function(node, None, "fn")
         elif isinstance(node, ast.ClassDef):
-            unit = any(_dotted(b).split(".")[-1] == "TestCase" for b in node.bases)
+            unit = any(dotted_name(b).split(".")[-1] == "TestCase" for b in node.bases)
             if not (unit or node.name.startswith("Test")):
                 continue  # pytest collects Test* classes and unittest.TestCase subclasses
             methods = [n for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
@@ -778,7 +769,7 @@ def _refusal(item: _Item, mod: _Module, instance_fixtures: set[str]) -> str | No
             isinstance(w.context_expr, ast.Call)
             and (
                 _pytest_attr(w.context_expr, mod) == "raises"
-                or _dotted(w.context_expr.func).endswith(".assertRaises")
+                or dotted_name(w.context_expr.func).endswith(".assertRaises")
             )
             for w in n.items
         ):
