@@ -47,7 +47,7 @@ def release_host_memory() -> None:
     XLA:CPU's freed buffers (a sampler's KV caches, a train step's activations) and the compiler's memory
     stay in glibc's per-thread arenas, so the resident set grows phase by phase and the next phase's peak
     adds to it: the SmolLM2 run's resident baseline rose from 2.1 to 3.2-3.5 GB over its first evaluation
-    and three steps without this, and stayed at 2.3-2.7 GB with it (WORKSPACE.md §6). Called after each
+    and three steps without this, and stayed at 2.3-2.7 GB with it (docs/results/mixed_precision_and_memory.md). Called after each
     evaluation sampling call, after a rollout's sampling and at the start of each rollout (the previous
     train step's buffers); measured 3-80 ms a call (SmolLM2, after a 50 x 128 evaluation batch)."""
     trim = getattr(libc(), "malloc_trim", None)  # glibc only
