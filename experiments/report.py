@@ -545,6 +545,22 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", s.replace("@", "_at_")).strip("_")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportOptions:
+    """write_report's choices (the report's definitions: fix them before looking at the results)."""
+
+    runs_dir: str
+    out: str
+    baseline: str
+    resamples: int = stats.DEFAULT_RESAMPLES
+    last_steps: int = 10
+    threshold: float | None = None
+    threshold_metric: str = "eval/pass_at_1"
+    collapse_entropy: float | None = None
+    collapse_k: int | None = None
+    evals_before: str | None = None
+
+
 def write_report(
     runs_dir: str,
     out: str | None = None,
@@ -558,7 +574,8 @@ def write_report(
     collapse_k: int | None = None,
     evals_before: str | None = None,
 ) -> str:
-    """Write report.md and its PNGs to `out` (default RUNS_DIR/report); returns the report's path."""
+    """Write report.md and its PNGs to `out` (default RUNS_DIR/report); returns the report's path. The report
+    is its sections in order (each a function below returning markdown lines)."""
     study = load_study(runs_dir)
     folded = add_evals(study, evals_before)
     finished = [a for a in study.arms if study.runs[a]]
@@ -568,9 +585,40 @@ def write_report(
         baseline = "baseline" if "baseline" in study.arms else study.arms[0]
     if baseline not in study.arms:
         raise ValueError(f"--baseline={baseline}: not an arm of {runs_dir} (arms: {', '.join(study.arms)})")
-    out = out or os.path.join(runs_dir, "report")
-    os.makedirs(out, exist_ok=True)
+    o = ReportOptions(
+        runs_dir,
+        out or os.path.join(runs_dir, "report"),
+        baseline,
+        resamples,
+        last_steps,
+        threshold,
+        threshold_metric,
+        collapse_entropy,
+        collapse_k,
+        evals_before,
+    )
+    os.makedirs(o.out, exist_ok=True)
     ks = pass_ks(study)
+    metrics = report_metrics(study, ks, last_steps)
+    md = _header(study, o)
+    md += _arms_section(study, o)
+    md += _metric_sections(study, o, metrics)
+    md += _before_after_section(study, o, folded)
+    md += _curves_section(study, o)
+    md += _threshold_section(study, o)
+    md += _collapse_section(study, o, ks)
+    p1 = metric_values(study, metrics[0][2])
+    md += ["", "## Per seed: held-out pass@1 after GRPO", "", per_seed_table(p1, study.seeds)]
+    md += _missing_and_commands(study)
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(md)).rstrip() + "\n"
+    path = os.path.join(o.out, "report.md")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def report_metrics(study: Study, ks: list[int], last_steps: int) -> list:
+    """(title, PNG slug or None, run -> value) of every metric table, in report order."""
     metrics = [
         ("held-out pass@1 (greedy) after GRPO", "pass_at_1", lambda r: r.results["grpo"].get("pass@1"))
     ]
@@ -612,107 +660,138 @@ def write_report(
             lambda r: r.results.get("memory_grpo_this_process", {}).get("memory/device_peak_mb"),
         ),
     ]
-    n_fin = sum(len(v) for v in study.runs.values())
-    cmd = f"python -m experiments.report {runs_dir} --baseline={baseline}"
-    if out != os.path.join(runs_dir, "report"):
-        cmd += f" --out={out}"
-    if resamples != stats.DEFAULT_RESAMPLES:
-        cmd += f" --resamples={resamples}"
-    if last_steps != 10:
-        cmd += f" --last_steps={last_steps}"
-    if threshold is not None:
-        cmd += f" --threshold={threshold} --threshold_metric={threshold_metric}"
-    if evals_before:
-        cmd += f" --evals_before={evals_before}"
-    if collapse_entropy is not None:
-        cmd += f" --collapse_entropy={collapse_entropy}" + (
-            f" --collapse_k={collapse_k}" if collapse_k else ""
+    return metrics
+
+
+def regenerate_command(o: ReportOptions) -> str:
+    """The command line that writes this report again."""
+    cmd = f"python -m experiments.report {o.runs_dir} --baseline={o.baseline}"
+    if o.out != os.path.join(o.runs_dir, "report"):
+        cmd += f" --out={o.out}"
+    if o.resamples != stats.DEFAULT_RESAMPLES:
+        cmd += f" --resamples={o.resamples}"
+    if o.last_steps != 10:
+        cmd += f" --last_steps={o.last_steps}"
+    if o.threshold is not None:
+        cmd += f" --threshold={o.threshold} --threshold_metric={o.threshold_metric}"
+    if o.evals_before:
+        cmd += f" --evals_before={o.evals_before}"
+    if o.collapse_entropy is not None:
+        cmd += f" --collapse_entropy={o.collapse_entropy}" + (
+            f" --collapse_k={o.collapse_k}" if o.collapse_k else ""
         )
-    md = [
-        f"# Sweep report: {runs_dir}",
+    return cmd
+
+
+def _header(study: Study, o: ReportOptions) -> list[str]:
+    n_fin = sum(len(v) for v in study.runs.values())
+    return [
+        f"# Sweep report: {o.runs_dir}",
         "",
         f"{n_fin} finished runs of {len(study.arms)} arms × {len(study.seeds)} seeds "
-        f"({', '.join(map(str, study.seeds))}); runs from {study.source}. Baseline arm: **{baseline}**.",
+        f"({', '.join(map(str, study.seeds))}); runs from {study.source}. Baseline arm: **{o.baseline}**.",
         "",
-        f"Intervals: 95 % percentile bootstrap over seeds ({resamples} resamples, RNG seed 0; "
-        f"grpo_jax.stats). Δ = arm − {baseline} paired by seed, over the seeds both finished; 'seeds Δ > 0' "
-        "counts the seeds where the arm's value is the higher one (better for pass rates and reward, worse "
-        "for time and memory). With few seeds the percentile bootstrap tends to be too narrow (it cannot "
-        "reach beyond the values seen).",
+        f"Intervals: 95 % percentile bootstrap over seeds ({o.resamples} resamples, RNG seed 0; "
+        f"grpo_jax.stats). Δ = arm − {o.baseline} paired by seed, over the seeds both finished; "
+        "'seeds Δ > 0' counts the seeds where the arm's value is the higher one (better for pass rates and "
+        "reward, worse for time and memory). With few seeds the percentile bootstrap tends to be too narrow "
+        "(it cannot reach beyond the values seen).",
         "",
-        f"Regenerate: `{cmd}`",
+        f"Regenerate: `{regenerate_command(o)}`",
     ]
-    diffs = config_differences(study, baseline)
-    if diffs:
-        md += [
-            "",
-            "## Arms",
-            "",
-            f"Configuration fields where each arm differs from {baseline} (results.json):",
-            "",
-        ]
-        md += [f"- **{a}**: " + (", ".join(f"`{d}`" for d in v) if v else "none") for a, v in diffs.items()]
+
+
+def _arms_section(study: Study, o: ReportOptions) -> list[str]:
+    diffs = config_differences(study, o.baseline)
+    if not diffs:
+        return []
+    md = ["", "## Arms", ""]
+    md += [f"Configuration fields where each arm differs from {o.baseline} (results.json):", ""]
+    return md + [f"- **{a}**: " + (", ".join(f"`{d}`" for d in v) if v else "none") for a, v in diffs.items()]
+
+
+def _metric_sections(study: Study, o: ReportOptions, metrics: list) -> list[str]:
+    md: list[str] = []
     for title, slug, fn in metrics:
         values = metric_values(study, fn)
         if not any(values.values()):
             continue
         fmt = ".2f" if "time" in title else ".0f" if "MiB" in title else ".3f"
-        md += ["", f"## {title}", "", metric_table(values, baseline, resamples, fmt)]
+        md += ["", f"## {title}", "", metric_table(values, o.baseline, o.resamples, fmt)]
         if slug:
             png = f"bars_{slug}.png"
-            plot_bars(values, baseline, title.split(" (")[0], os.path.join(out, png), resamples)
+            plot_bars(values, o.baseline, title.split(" (")[0], os.path.join(o.out, png), o.resamples)
             md += ["", f"![{title}]({png})"]
+    return md
+
+
+def _before_after_section(study: Study, o: ReportOptions, folded: list[str]) -> list[str]:
     ba_keys = before_after_keys(study)
-    if ba_keys:
-        md += [
-            "",
-            "## Before and after GRPO, paired by seed",
-            "",
-            'Every evaluation measured both at the start of GRPO (results.json "sft": after SFT, or the '
-            'initial checkpoint with --sft_steps=0) and after the last step ("grpo"): held-out greedy '
-            "pass@1, sampled pass@k and the extra sets' greedy pass@1 (mbpp/, humaneval/). Δ = after − "
-            "before per seed, bootstrap over the seeds.",
-            "",
-            before_after_table(study, ba_keys, resamples),
-        ]
-        if folded:
-            src = "greedy pass@1 of each run's final checkpoint by experiments.evaluate, <workdir>/evals/NAME"
-            if evals_before:
-                src += f"; before: {evals_before}/NAME, the initial policy"
-            md[-2:-2] = [f"From {src}: {', '.join(folded)}.", ""]
-    md += ["", "## Learning curves", ""]
-    heldout = threshold_metric
+    if not ba_keys:
+        return []
+    md = [
+        "",
+        "## Before and after GRPO, paired by seed",
+        "",
+        'Every evaluation measured both at the start of GRPO (results.json "sft": after SFT, or the '
+        'initial checkpoint with --sft_steps=0) and after the last step ("grpo"): held-out greedy '
+        "pass@1, sampled pass@k and the extra sets' greedy pass@1 (mbpp/, humaneval/). Δ = after − "
+        "before per seed, bootstrap over the seeds.",
+        "",
+        before_after_table(study, ba_keys, o.resamples),
+    ]
+    if folded:
+        src = "greedy pass@1 of each run's final checkpoint by experiments.evaluate, <workdir>/evals/NAME"
+        if o.evals_before:
+            src += f"; before: {o.evals_before}/NAME, the initial policy"
+        md[-2:-2] = [f"From {src}: {', '.join(folded)}.", ""]
+    return md
+
+
+def _curves_section(study: Study, o: ReportOptions) -> list[str]:
+    md = ["", "## Learning curves", ""]
+    heldout = o.threshold_metric
     for key, title in (("reward", "training reward (mean over the batch)"), (heldout, f"held-out {heldout}")):
         png = f"curve_{_slug(key)}.png"
-        if plot_curves(
-            study, key, f"{title}: mean over seeds, 95 % bootstrap band", os.path.join(out, png), resamples
-        ):
+        band = f"{title}: mean over seeds, 95 % bootstrap band"
+        if plot_curves(study, key, band, os.path.join(o.out, png), o.resamples):
             md += [f"![{title}]({png})", ""]
-    if threshold is not None:
-        md += [
-            "",
-            f"## Completions to {threshold_metric} ≥ {threshold}",
-            "",
-            f"Completions sampled until the first evaluated step with {threshold_metric} ≥ {threshold}: that "
-            "step × prompts_per_step × group_size (nominal: dynamic-sampling refills and pool members sample "
-            "more; 0 = already at the start). The evaluated steps are step 0, every --eval_every steps and "
-            "the last.",
-            "",
-            threshold_table(study, threshold, threshold_metric),
-        ]
-    if collapse_entropy is not None:
-        k = collapse_k or (max(ks) if ks else 1)
-        md += [
-            "",
-            "## Collapse",
-            "",
-            f"A run collapsed when its mean policy entropy over the last {last_steps} GRPO steps is below "
-            f"{collapse_entropy} and its final held-out pass@{k} is below its post-SFT pass@{k}.",
-            "",
-            collapse_table(study, collapse_entropy, k, last_steps),
-        ]
-    p1 = metric_values(study, metrics[0][2])
-    md += ["", "## Per seed: held-out pass@1 after GRPO", "", per_seed_table(p1, study.seeds)]
+    return md
+
+
+def _threshold_section(study: Study, o: ReportOptions) -> list[str]:
+    if o.threshold is None:
+        return []
+    return [
+        "",
+        f"## Completions to {o.threshold_metric} ≥ {o.threshold}",
+        "",
+        f"Completions sampled until the first evaluated step with {o.threshold_metric} ≥ {o.threshold}: that "
+        "step × prompts_per_step × group_size (nominal: dynamic-sampling refills and pool members sample "
+        "more; 0 = already at the start). The evaluated steps are step 0, every --eval_every steps and "
+        "the last.",
+        "",
+        threshold_table(study, o.threshold, o.threshold_metric),
+    ]
+
+
+def _collapse_section(study: Study, o: ReportOptions, ks: list[int]) -> list[str]:
+    if o.collapse_entropy is None:
+        return []
+    k = o.collapse_k or (max(ks) if ks else 1)
+    return [
+        "",
+        "## Collapse",
+        "",
+        f"A run collapsed when its mean policy entropy over the last {o.last_steps} GRPO steps is below "
+        f"{o.collapse_entropy} and its final held-out pass@{k} is below its post-SFT pass@{k}.",
+        "",
+        collapse_table(study, o.collapse_entropy, k, o.last_steps),
+    ]
+
+
+def _missing_and_commands(study: Study) -> list[str]:
+    md: list[str] = []
     if study.missing:
         md += ["", "## Missing runs (left out of every number)", ""]
         md += [f"- {a} seed {s}: {why}" for a, s, why in study.missing]
@@ -724,11 +803,7 @@ def write_report(
         ]
         md[-2] += " --workdir and --sft_from)"
         md += [f"- {a}: `python {' '.join(c[1:])}`" for a, c in study.commands.items()]
-    text = re.sub(r"\n{3,}", "\n\n", "\n".join(md)).rstrip() + "\n"
-    path = os.path.join(out, "report.md")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text)
-    return path
+    return md
 
 
 def main(argv):
