@@ -89,17 +89,31 @@ def _mount_tmpfs(where, size: str) -> str | None:
     return None
 
 
+def _used_bytes(mount) -> int:
+    st = os.statvfs(mount)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
 def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes(ex, tmp_path):
-    """The real main job on a 1200 KiB tmpfs: the post-SFT (step 0) and step-2 checkpoints with the logs fit,
-    a third checkpoint does not, so the save of step 4 finds the disk full. The run ends with one line on
-    stderr (no traceback) and exit status 74, naming step 2 as the newest intact checkpoint; with more space
-    the same command resumes from step 2 (the partial step 4 is never taken for a step) and finishes."""
+    """The real main job on a size-capped tmpfs. First 2 GRPO steps with room (checkpoints 0 and 2, the logs,
+    results.json); then the tmpfs is shrunk to what is used + 48 KiB, less than one checkpoint, and the same
+    command with --steps=4 resumes from step 2 and finds the disk full at the latest when it saves step 4
+    (whichever write hits it first, the logs of step 3 or 4 or that checkpoint: both are named correctly, and
+    step 2 stays the newest intact checkpoint either way; the shrink makes which step deterministic, where a
+    fixed size once let the timing of the log writes decide). The run ends with one line on stderr (no
+    traceback) and exit status 74, naming step 2; with more space the same command resumes from step 2 (the
+    partial step 4 is never taken for a step) and finishes."""
     disk = tmp_path / "disk"
-    why = _mount_tmpfs(disk, "1200k")
+    why = _mount_tmpfs(disk, "16m")
     if why:
         pytest.skip(why)
     try:
         wd = disk / "run"
+        first = mainjob.subprocess_run(TINY, "--steps=2", f"--workdir={wd}", timeout=300)
+        assert first.returncode == 0, first.stderr[-3000:]
+        before = (wd / "results.json").read_bytes()
+        size = (_used_bytes(disk) + 48 * 1024 + 4095) // 4096 * 4096
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(disk)], check=True)
         args = (TINY, "--steps=4")
         r = mainjob.subprocess_run(*args, f"--workdir={wd}", timeout=300)
         assert r.returncode == EXIT_DISK_FULL, (r.returncode, r.stderr[-3000:])
@@ -110,7 +124,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_rerun_resumes(ex, tmp_p
             r"No space left on device; the newest intact checkpoint is step 2 \(rerun to resume\)",
             line,
         ), line
-        assert not (wd / "results.json").exists()
+        assert (wd / "results.json").read_bytes() == before  # the failed run wrote no results
         ck = Checkpointer(wd / "checkpoints", read_only=True)
         assert ck.all_steps() == [0, 2] and ck.intact_steps() == [0, 2]
         subprocess.run(["mount", "-o", "remount,size=16m", str(disk)], check=True)
