@@ -1,7 +1,7 @@
 """The default exploration noise (--pool_explore_noise; grpo_jax.pool.param_noise: each parameter leaf +
 σ·RMS(leaf)·N(0, 1)) changes what an exploration member samples (issue 23: the old default 0.02 had no
-measurable effect). The numbers behind the default are in the field's help text (grpo_jax.config.PoolConfig):
-on the quickstart model after SFT, σ = 0.02 changed 2-3% of the sampled completions, σ = 0.2 changes 22%."""
+measurable effect). The numbers behind the default are in docs/GRPO_MATH.md §1.12: on the quickstart model
+after SFT, σ = 0.02 changed 2-3% of the sampled completions, σ = 0.2 changes 22%."""
 
 import jax
 import numpy as np
