@@ -202,30 +202,30 @@ def define_flags(fv: flags.FlagValues = flags.FLAGS) -> list[FlagSpec]:
         for name, tp in C.field_types(cls).items():
             types_[(cls, name)] = tp
     for spec in table:
-        f = spec.owner.__dataclass_fields__[spec.field]
+        f = {x.name: x for x in dataclasses.fields(spec.owner)}[spec.field]
         tp = types_[(spec.owner, spec.field)]
         help_ = f.metadata.get("help", spec.field)
         if "choices" in f.metadata:
             help_ += f" (valid: {', '.join(f.metadata['choices'])})"
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kw = dict(flag_values=fv)
+        default: Any = f.default if f.default is not dataclasses.MISSING else None
         if spec.kind == "bool":
-            flags.DEFINE_bool(spec.flag, default, help_, **kw)
+            flags.DEFINE_bool(spec.flag, default, help_, flag_values=fv)
         elif spec.kind == "int":
-            flags.DEFINE_integer(spec.flag, default, help_, **kw)
+            flags.DEFINE_integer(spec.flag, default, help_, flag_values=fv)
         elif spec.kind == "float":
-            flags.DEFINE_float(spec.flag, default, help_, **kw)
+            flags.DEFINE_float(spec.flag, default, help_, flag_values=fv)
         elif spec.kind == "str":
-            flags.DEFINE_string(spec.flag, default, help_, **kw)
+            flags.DEFINE_string(spec.flag, default, help_, flag_values=fv)
         else:
             word = f.metadata.get("none_word")
+            parser: flags.ArgumentParser
             if spec.kind == "optional":
                 parser = _Optional(_inner(tp), (word,) if word else ("", "none", "off"))
             elif spec.kind == "tuple":
                 parser = _Tuple(typing.get_args(tp)[0])
             else:
                 parser = _Schedule(typing.get_args(typing.get_args(tp)[0])[1])
-            flags.DEFINE(parser, spec.flag, default, help_, serializer=_Serializer(word or "none"), **kw)
+            flags.DEFINE(parser, spec.flag, default, help_, fv, serializer=_Serializer(word or "none"))
     return table
 
 
@@ -336,7 +336,7 @@ class FlagError(ValueError):
 def describe(e: ConfigError, table: list[FlagSpec] | None = None) -> str:
     """A ConfigError rewritten in terms of the flag that sets the field."""
     table = table or flag_table()
-    owner_paths = {}
+    owner_paths: dict[str, str] = {}
     for s in table:  # the path of each section class, from any of its fields
         owner_paths.setdefault(s.owner.__name__, s.path[: -len(s.field)])
     path = owner_paths.get(e.owner, "") + e.field

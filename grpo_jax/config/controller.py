@@ -4,7 +4,7 @@ ControllerConfig, the objective's `controller` section, and which parameters eac
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from grpo_jax.config.base import Mechanism, _check_sub_settings, _choice, opt
 from grpo_jax.core.controllers import CONTROLLER_KINDS, KL_CONTROLLERS
@@ -89,13 +89,17 @@ def _controller_mechanisms() -> tuple[Mechanism, ...]:
     out = []
     for name in ("target", "horizon", "delta", "min_coef", "max_coef", "low", "high", "up", "down"):
         kinds = tuple(k for k, ps in CONTROLLER_PARAMS.items() if name in ps)
+
+        def on(c: Any, kinds: tuple[str, ...] = kinds) -> bool:
+            return c.kind in kinds
+
         out.append(
             Mechanism(
                 f"controller:{name}",
                 "objective.controller",
                 "--controller=" + "|".join(kinds),
                 "a parameter of those controllers",
-                lambda c, kinds=kinds: c.kind in kinds,
+                on,
                 lambda c: f"--controller={c.kind}",
                 (name,),
             )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from grpo_jax.config import controller, loss, model, objective, rollout, runtime, tasks
 from grpo_jax.config.algorithms import spec as algorithm_spec
@@ -34,7 +34,7 @@ from grpo_jax.errors import fail
 # the field holds None (sft.steps) or "auto" (tasks.prompt_format); a built RunConfig never does, so a config
 # derived from a built one (dataclasses.replace, from_leaves of its leaves) keeps the resolved values: give
 # these fields again when changing init_from that way.
-AUTO_DEFAULTS = {"sft.steps": (300, 0), "tasks.prompt_format": ("plain", "chat")}
+AUTO_DEFAULTS: dict[str, tuple[Any, Any]] = {"sft.steps": (300, 0), "tasks.prompt_format": ("plain", "chat")}
 # what only matters when SFT runs: refused next to a pretrained model's no-SFT default (RunConfig)
 _SFT_SETTINGS = ("sft.batch", "sft.lr", "sft.warmup_steps", "tasks.sft_levels")
 

@@ -35,7 +35,7 @@ def flat_dict(d: dict, prefix: str = "") -> dict:
 def _unvalidated(values: dict[str, Any], cls: type, prefix: str = "") -> Any:
     """A config tree of `cls` holding {dotted path: value} as given, without validation (for reading the
     switches of a saved config, whatever it holds)."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     for name, tp in field_types(cls).items():
         path = prefix + name
         v = _unvalidated(values, tp, path + ".") if is_section(tp) else values.get(path)
@@ -75,9 +75,9 @@ def from_leaves(values: dict[str, Any], cls: type = RunConfig, prefix: str = "")
 
 def _defaults(cls: type) -> Any:
     """An instance of `cls` with default values that skips validation (the root needs a workdir)."""
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     for name, tp in field_types(cls).items():
-        f = cls.__dataclass_fields__[name]
+        f = {x.name: x for x in dataclasses.fields(cls)}[name]
         default = _defaults(tp) if is_section(tp) else f.default
         object.__setattr__(obj, name, default)
     return obj
