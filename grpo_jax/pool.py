@@ -24,6 +24,7 @@ cancel it, T1b). Exploration members (row 16) sample at a higher temperature or 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -110,7 +111,8 @@ def push(
     def write(buf, x):
         return jax.lax.dynamic_update_index_in_dim(buf, jnp.asarray(x, buf.dtype), slot, 0)
 
-    return pool.replace(
+    return dataclasses.replace(
+        pool,
         params=jax.tree.map(write, pool.params, snapshot),
         valid=pool.valid.at[slot].set(True),
         push_index=pool.push_index.at[slot].set(n),

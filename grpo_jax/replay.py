@@ -24,6 +24,7 @@ Shapes: n items per call; C tree leaves; `capacity` slots (the ring size, <= C).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import chex
@@ -129,7 +130,8 @@ def add(state: ReplayState, items: Any, priorities: jax.Array, valid: jax.Array)
     )
     tree = _set_leaves(state.tree, slots, _clean(priorities), v)
     n_valid = vi.sum()
-    return state.replace(
+    return dataclasses.replace(
+        state,
         tree=tree,
         data=data,
         size=jnp.minimum(state.size + n_valid, state.capacity),
@@ -198,7 +200,7 @@ def update_priorities(state: ReplayState, idx: jax.Array, priorities: jax.Array)
     s_idx, s_p = idx[order], p[order]
     last = jnp.concatenate([s_idx[1:] != s_idx[:-1], jnp.ones((1,), bool)])  # last of each run
     keep = last & (s_idx >= 0) & (s_idx < state.size)
-    return state.replace(tree=_set_leaves(state.tree, s_idx, s_p, keep))
+    return dataclasses.replace(state, tree=_set_leaves(state.tree, s_idx, s_p, keep))
 
 
 def success_priority(

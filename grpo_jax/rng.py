@@ -29,7 +29,7 @@ def name_id(name: str) -> int:
     return _NAME_FLOOR + h % ((1 << 32) - _NAME_FLOOR)
 
 
-def derive(key: jax.Array, *path: int | str) -> jax.Array:
+def derive(key: jax.Array, *path: int | str | jax.Array) -> jax.Array:
     """fold_in every element of `path` into `key`: ints as they are (steps, rounds), strings by `name_id`."""
     for p in path:
         if isinstance(p, str):

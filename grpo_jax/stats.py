@@ -48,7 +48,7 @@ def _check_confidence(confidence: float) -> None:
 
 
 def bootstrap_ci(
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     *,
     resamples: int = DEFAULT_RESAMPLES,
     confidence: float = 0.95,

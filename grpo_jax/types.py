@@ -14,14 +14,17 @@ from typing import NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 class SampleOutput(NamedTuple):
-    tokens: jax.Array  # [B, G, T] int32, pad_id after EOS
-    logp: jax.Array  # [B, G, T] float32, 0 where mask is 0
-    mask: jax.Array  # [B, G, T] float32, 1 for sampled tokens up to and including EOS
-    lengths: jax.Array  # [B, G] int32
-    truncated: jax.Array  # [B, G] bool: no EOS within T tokens
+    """Device arrays from the samplers; host (numpy) arrays from the host-side engines and multi-turn."""
+
+    tokens: jax.Array | np.ndarray  # [B, G, T] int32, pad_id after EOS
+    logp: jax.Array | np.ndarray  # [B, G, T] float32, 0 where mask is 0
+    mask: jax.Array | np.ndarray  # [B, G, T] float32, 1 for sampled tokens up to and including EOS
+    lengths: jax.Array | np.ndarray  # [B, G] int32
+    truncated: jax.Array | np.ndarray  # [B, G] bool: no EOS within T tokens
 
 
 @flax.struct.dataclass

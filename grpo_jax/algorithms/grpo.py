@@ -11,6 +11,8 @@ metrics   the pool baseline's coverage and gap to the group mean when a pool bas
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -28,7 +30,7 @@ def make(obj: ObjectiveConfig) -> Algorithm:
 
     def targets(batch: RolloutBatch, rewards, mask, old=None, coefs=None):
         del mask, old, coefs
-        return advantages(batch.replace(rewards=rewards), obj)
+        return advantages(dataclasses.replace(batch, rewards=rewards), obj)
 
     loss = policy_loss_of(obj)
 

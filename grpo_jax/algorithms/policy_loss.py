@@ -11,6 +11,7 @@ stop-gradient'ed inside, so `jax.grad(loss)(logp)` is the gradient the trainer a
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -155,6 +156,8 @@ def policy_per_token_loss(
     if term is None:
         term = SURROGATES[cfg.objective]
         term_params = {name: getattr(cfg, name) for name in term.params}
+    elif term_params is None:
+        raise ValueError("policy_loss: term= needs its term_params= (a dict, {} for none)")
     inputs = SurrogateInputs(log_w, ratio, a_w, a, lp, lp_old, m, is_w, behaviour)
     out = term.fn(inputs, **term_params)
     surrogate = jnp.broadcast_to(out.objective, lp.shape)
@@ -267,13 +270,15 @@ def policy_loss(
         term_params=term_params,
     )
     m = jnp.asarray(mask, jnp.float32)
-    agg = dict(mode=cfg.aggregation, max_len=cfg.max_len, token_count=num_items, num_seqs=num_seqs)
-    loss = aggregate(per_token, m, **agg)
+    agg = functools.partial(
+        aggregate, mode=cfg.aggregation, max_len=cfg.max_len, token_count=num_items, num_seqs=num_seqs
+    )
+    loss = agg(per_token, m)
     if cfg.entropy_bonus == "token_mean":
         eff = m * t.entropy_mask
         n_eff = jnp.sum(eff) if entropy_items is None else f32(entropy_items)
         loss = loss - f32(entropy_coef) * jnp.sum(t.entropy * eff) / jnp.maximum(n_eff, 1.0)
-    pg_loss = aggregate(-(t.weight * t.surrogate), m, **agg)
+    pg_loss = agg(-(t.weight * t.surrogate), m)
     has = m.sum() > 0
     valid = m > 0
     seq_has = m.sum(-1) > 0  # [...]

@@ -78,6 +78,13 @@ def ppo_loss(
     return total, (aux._replace(loss=sg(total)), ValueAux(sg(vf), vf_clip))
 
 
+def _values_old(rows: Rows) -> jax.Array:
+    """V_old of the rows: always computed for PPO (Algorithm.needs_values)."""
+    if rows.old.values is None:
+        raise ValueError("ppo: the step's OldStats has no values (the algorithm needs_values)")
+    return rows.old.values
+
+
 def make(obj: ObjectiveConfig) -> Algorithm:
     """PPO over the objective `obj` (static); the model must have a value head."""
     p = obj.ppo
@@ -135,7 +142,7 @@ def make(obj: ObjectiveConfig) -> Algorithm:
         nan = jnp.float32(jnp.nan)  # histograms drop non-finite entries: only the valid tokens show
         outputs = {
             "advantages": jnp.where(mask > 0, adv_tok, nan),
-            "values": jnp.where(mask > 0, rows.old.values, nan),
+            "values": jnp.where(mask > 0, _values_old(rows), nan),
         }
         return seq_adv, value_metrics(rows, aux[1]), outputs
 
@@ -156,7 +163,7 @@ def value_metrics(rows: Rows, vaux: ValueAux) -> dict[str, jax.Array]:
     value loss / clip fraction of the step's updates; V_old, returns and explained variance (SB3: 1 −
     Var(R̂ − V_old) / Var(R̂)) over the valid tokens; the KL part of the reward (TRL's
     objective/non_score_reward: Σ_t −β·k_t, mean over sequences)."""
-    tgt, v_old, mask, adv = rows.targets, rows.old.values, rows.mask, rows.targets.adv
+    tgt, v_old, mask, adv = rows.targets, _values_old(rows), rows.mask, rows.targets.adv
     has = (mask.sum(-1) > 0).astype(jnp.float32)
     kl_part = tgt.rewards.sum(-1) - jnp.where(has > 0, rows.rewards, 0.0)
     return {

@@ -156,7 +156,7 @@ def source_rows(limit: int | None = None) -> list[dict]:
 # ---------------------------------------------------------------------------------------- static analysis
 def _imports(tree: ast.AST) -> list[tuple[ast.stmt, str, list[str]]]:
     """(statement, top-level module, names it binds) for every absolute import anywhere in `tree`."""
-    out = []
+    out: list[tuple[ast.stmt, str, list[str]]] = []
     for n in ast.walk(tree):
         if isinstance(n, ast.Import):
             for a in n.names:
@@ -177,7 +177,7 @@ def _names_used(trees: Sequence[ast.AST]) -> set[str]:
 
 def _strip_lines(text: str, stmts: list[ast.stmt]) -> str:
     lines = text.splitlines(keepends=True)
-    drop = set()
+    drop: set[int] = set()
     for s in stmts:
         drop.update(range(s.lineno - 1, (s.end_lineno or s.lineno)))
     return "".join(line for i, line in enumerate(lines) if i not in drop)
@@ -320,7 +320,7 @@ def build_task(row: dict, executor, seed: int = DEFAULT_SEED, slots: tuple[int, 
     answers = _evaluate_all(executor, prelude, exprs, slots[0])
     calls: list[str] = []
     used: list[str] = []  # the generator calls behind `calls`
-    why = collections.Counter()
+    why: collections.Counter[str] = collections.Counter()
     for e in exprs:
         a = answers.get(e)
         if a is None or not a[0]:
@@ -433,10 +433,12 @@ def build_rows(
     workers = max(1, min(int(workers or max(1, n_slots // 2)), max(1, n_slots // 2), len(rows) or 1))
     results: list[dict | None] = [None] * len(rows)
     lock = threading.Lock()
-    state = {"next": 0, "done": 0, "kept": 0, "last": time.monotonic()}
+    state = {"next": 0, "done": 0, "kept": 0}
+    last = time.monotonic()  # of the last progress line
     t0 = time.monotonic()
 
     def worker(w: int) -> None:
+        nonlocal last
         slots = (2 * w, 2 * w + 1) if n_slots >= 2 else (0, 0)
         while True:
             with lock:
@@ -458,8 +460,8 @@ def build_rows(
                 state["done"] += 1
                 state["kept"] += bool(res["kept"])
                 now = time.monotonic()
-                if progress and (now - state["last"] >= every_s or state["done"] == len(rows)):
-                    state["last"] = now
+                if progress and (now - last >= every_s or state["done"] == len(rows)):
+                    last = now
                     done, el = state["done"], now - t0
                     eta = el / done * (len(rows) - done)
                     progress(

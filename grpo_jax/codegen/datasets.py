@@ -117,7 +117,11 @@ def docstring_examples(prompt: str, entry_point: str) -> tuple[TestCase, ...]:
     fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry_point), None)
     if fn is None or not fn.body or ast.get_docstring(fn) is None:
         return ()
-    written = ast.get_source_segment(src, fn.body[0].value) or ""
+    doc_stmt = fn.body[0]
+    assert isinstance(
+        doc_stmt, ast.Expr
+    )  # ast.get_docstring found one: the first statement is its expression
+    written = ast.get_source_segment(src, doc_stmt.value) or ""
     quote = '"""' if written.lstrip("rRuU").startswith('"""') else "'''"
     if quote not in written:
         return ()
@@ -151,7 +155,7 @@ def prompt_helpers(prompt: str, entry_point: str) -> str:
         tree = _parse(prompt + "\n    pass\n")
     except SyntaxError:
         return ""
-    keep = [
+    keep: list[ast.stmt] = [
         n
         for n in tree.body
         if isinstance(n, (ast.Import, ast.ImportFrom))

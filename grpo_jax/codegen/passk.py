@@ -7,6 +7,7 @@ comparison, `mean_pass_at_k` the benchmark score over problems. docs/GRPO_MATH.m
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
@@ -54,7 +55,8 @@ def mean_pass_at_k(ns: int | Sequence[int], cs: Sequence[int], k: int) -> float:
     0.458333.
     """
     cs = list(cs)
-    ns = [int(ns)] * len(cs) if np.isscalar(ns) else list(ns)
+    # casts: np.isscalar's TypeIs narrows int | Sequence[int] to neither branch's type
+    ns = [int(cast(int, ns))] * len(cs) if np.isscalar(ns) else list(cast(Sequence[int], ns))
     if len(ns) != len(cs):
         raise ValueError(f"mean_pass_at_k needs one n per problem; got {len(ns)} ns and {len(cs)} cs.")
     if not cs:

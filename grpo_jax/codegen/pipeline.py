@@ -16,9 +16,10 @@ grpo_jax.tokenization.Tokenizer (the procedural CodeTokenizer or a real one).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -32,10 +33,26 @@ from grpo_jax.tokenization.batch import decode_completions
 
 # sample_fn(prompt [b, P], prompt_mask [b, P], n, greedy) -> (tokens [b, n, T], mask [b, n, T])
 SampleFn = Callable[[np.ndarray, np.ndarray, int, bool], tuple[np.ndarray, np.ndarray]]
-# turns(problems [b], prompt, prompt_mask, tokens [b, n, T], mask, n, greedy) -> (the turn at which each of
-# the b * n samples passed (0: none), each sample's later turns: a list of dicts), for multi-turn evaluation;
-# `.max_turns` (grpo_jax.rollout.multiturn.EvalTurns)
-TurnsFn = Callable[..., tuple[np.ndarray, list]]
+
+
+class TurnsFn(Protocol):
+    """turns(problems [b], prompt, prompt_mask, tokens [b, n, T], mask, n, greedy) -> (the turn at which each
+    of the b * n samples passed (0: none), each sample's later turns: a list of dicts), for multi-turn
+    evaluation; `.max_turns` (grpo_jax.rollout.multiturn.EvalTurns)"""
+
+    max_turns: int
+
+    def __call__(
+        self,
+        problems: Sequence[Problem],
+        prompt: np.ndarray,
+        pmask: np.ndarray,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        n: int,
+        greedy: bool,
+        /,
+    ) -> tuple[np.ndarray, list]: ...
 
 
 DEFAULT_INSTRUCTION = (
@@ -234,7 +251,7 @@ def _batched_samples(
     [len(problems) * n] and each sample's later turns, sampled in the batches of `plan` (plan_batches)."""
     texts: list[str] = [""] * (len(problems) * n)
     passed_turn = None if turns is None else np.zeros(len(problems) * n, np.int64)
-    later = None if turns is None else [[] for _ in texts]
+    later: list | None = None if turns is None else [[] for _ in texts]
     for ids, plen, rows in plan:
         chunk = [problems[i] for i in ids]
         real = len(chunk)
@@ -245,7 +262,7 @@ def _batched_samples(
         pt, lt = (None, None) if turns is None else turns(chunk, prompt, pmask, tokens, mask, n, greedy)
         for j, i in enumerate(ids):
             texts[i * n : (i + 1) * n] = out[j * n : (j + 1) * n]
-            if pt is not None:
+            if pt is not None and lt is not None and passed_turn is not None and later is not None:
                 passed_turn[i * n : (i + 1) * n] = pt[j * n : (j + 1) * n]
                 later[i * n : (i + 1) * n] = lt[j * n : (j + 1) * n]
     return texts, passed_turn, later
@@ -303,15 +320,17 @@ def evaluate(
     greedy_texts, greedy_turn, greedy_later = _batched_samples(
         sample_fn, tok, problems, plan, 1, True, fmt, turns
     )
-    grade = dict(deadline_s=deadline_s, fmt=fmt, stop_on_failure=stop_on_failure)
-    greedy_verdicts, greedy_r = score_completions(executor, problems, greedy_texts, 1, **grade)
+    grade = functools.partial(
+        score_completions, deadline_s=deadline_s, fmt=fmt, stop_on_failure=stop_on_failure
+    )
+    greedy_verdicts, greedy_r = grade(executor, problems, greedy_texts, 1)
     if details is not None:
         details["greedy"] = (greedy_texts, greedy_verdicts)
         if greedy_turn is not None:
             details["greedy_turn"], details["greedy_later"] = greedy_turn, greedy_later
     greedy_ok = greedy_r[:, 0]
     out["pass@1"] = float(greedy_ok.mean())
-    if greedy_turn is not None:
+    if greedy_turn is not None and turns is not None:
         out.update(_turn_metrics(greedy_turn, 1, [1], turns.max_turns))
         out["fix_rate"] = fix_rate(greedy_turn)
 
@@ -322,9 +341,9 @@ def evaluate(
 
     if n_samples > 0 and ks:
         texts, turn, later = _batched_samples(sample_fn, tok, problems, plan, n_samples, False, fmt, turns)
-        if turn is not None:
+        if turn is not None and turns is not None:
             out.update(_turn_metrics(turn, n_samples, [k for k in ks if k > 1], turns.max_turns))
-        verdicts, r = score_completions(executor, problems, texts, n_samples, **grade)
+        verdicts, r = grade(executor, problems, texts, n_samples)
         if details is not None:
             details["sampled"] = (texts, verdicts)
             if turn is not None:

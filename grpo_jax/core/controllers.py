@@ -224,7 +224,7 @@ def piecewise_controller(boundaries: Sequence[int], values: Sequence[float]) -> 
     return Controller(init, update)
 
 
-_FACTORIES = {
+_FACTORIES: dict[str, Callable[..., Controller]] = {
     "seed_entropy": seed_entropy_controller,
     "skywork_entropy": skywork_entropy_controller,
     "ppo_adaptive_kl": ppo_adaptive_kl_controller,

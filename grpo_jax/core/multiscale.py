@@ -29,6 +29,7 @@ Problems with no real test get tests_adv = 0; masked members get 0 in every fiel
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import chex
@@ -83,19 +84,19 @@ def multi_scale_advantages(
     chex.assert_equal_shape([pt[:, 0, :], tm])
     m = jnp.ones_like(r) if mask is None else jnp.asarray(mask).astype(jnp.float32)
     chex.assert_equal_shape([r, m])
-    kw = dict(method=method, ddof=ddof, eps=eps)
+    advantages = functools.partial(compute_advantages, method=method, ddof=ddof, eps=eps)
 
-    outcome_adv = compute_advantages(r, mask=m, **kw) * m  # [B,G]
+    outcome_adv = advantages(r, mask=m) * m  # [B,G]
     n_tests = tm.sum(-1)  # [B]
     has_tests = (n_tests > 0)[:, None]  # [B,1]
     if per_test_mode == "mean_of_tests":
         cols = jnp.swapaxes(pt, 1, 2)  # [B,M,G]: one group per (problem, test)
         col_mask = tm[:, :, None] * m[:, None, :]  # [B,M,G]: padding tests are empty groups
-        col_adv = compute_advantages(jnp.where(col_mask > 0, cols, 0.0), mask=col_mask, **kw)  # [B,M,G]
+        col_adv = advantages(jnp.where(col_mask > 0, cols, 0.0), mask=col_mask)  # [B,M,G]
         tests_adv = (col_adv * tm[:, :, None]).sum(1) / jnp.maximum(n_tests, 1.0)[:, None]  # [B,G]
     else:
         frac = (jnp.where(tm[:, None, :] > 0, pt, 0.0)).sum(-1) / jnp.maximum(n_tests, 1.0)[:, None]  # [B,G]
-        tests_adv = compute_advantages(frac, mask=m, **kw)
+        tests_adv = advantages(frac, mask=m)
     tests_adv = jnp.where(has_tests, tests_adv, 0.0) * m
     total = (w_outcome * outcome_adv + w_tests * tests_adv) * m
     return MultiScaleAdvantages(total=total, outcome=outcome_adv, tests=tests_adv)

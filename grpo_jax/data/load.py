@@ -42,7 +42,8 @@ def difficulty_filter(spec: str | None, fmt: registry.Format):
     ("easy", "EASY", "introductory") or an inclusive integer range "A-B" (ratings); None / "": every row."""
     if not spec:
         return None
-    if fmt.difficulty is None:
+    difficulty = fmt.difficulty
+    if difficulty is None:
         raise ValueError(
             f"--difficulty={spec!r}: the {fmt.name} format has no difficulty field; valid: leave it empty"
         )
@@ -55,7 +56,7 @@ def difficulty_filter(spec: str | None, fmt: registry.Format):
             labels.add(part.lower())
 
     def keep(row: dict) -> bool:
-        v = fmt.difficulty(row)
+        v = difficulty(row)
         if v is None:
             return False
         if isinstance(v, (int, float)) and not isinstance(v, bool) and any(a <= v <= b for a, b in ranges):
@@ -128,6 +129,7 @@ def load(
             if keep is not None and not keep(row):
                 continue
             ctx = Ctx(where, index, grade_tests, visible_tests, max_tests)
+            assert convert is not None  # set together with `chosen`
             prob = convert(row, ctx)
             if chosen.unique_ids:
                 if prob.task_id in seen:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 from grpo_jax import data
 from grpo_jax.codegen import datasets
@@ -24,7 +25,7 @@ class EvalInputError(ValueError):
 UsageError = EvalInputError  # the name the checks below were written with
 
 PROBLEM_NAMES = "humaneval, mbpp, heldout (with --checkpoint: the run's own held-out split), codeio"
-INIT_FROM_DEFAULTS = {"max_new_tokens": 512}  # the rest: the main job's defaults (RunConfig)
+INIT_FROM_DEFAULTS: dict[str, Any] = {"max_new_tokens": 512}  # the rest: the main job's defaults (RunConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,7 +166,7 @@ def check_policy_eval(o: PolicyEval) -> None:
         check_ks(o.ks, o.num_samples)
     if o.checkpoint:
         parse_checkpoint(o.checkpoint)
-    else:
+    elif o.init_from:  # one of the two (checked above)
         from grpo_jax.pretrained.api import resolve
 
         try:
@@ -186,7 +187,7 @@ def check_ks(ks, n: int) -> None:
 def raw_task_ids(problems, rows: list[dict]) -> list:
     """Each problem's task_id exactly as its file wrote it (MBPP's 11, not the loader's "Mbpp/11"); a problem
     whose id is not found in `rows` keeps its own."""
-    written = {}
+    written: dict[str, Any] = {}
     for r in rows:
         tid = r.get("task_id")
         if tid is not None and not isinstance(tid, (dict, list, bool)):

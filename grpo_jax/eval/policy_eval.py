@@ -132,6 +132,10 @@ def run(o: PolicyEval, loaded: LoadedPolicy, executor, log=print, progress_write
     (also results.json). `problems`: (problems, task ids) already loaded (default: load_problem_set)."""
     t_start = time.perf_counter()
     if o.problems == "heldout":
+        if loaded.heldout is None:  # check_policy_eval: --problems=heldout needs --checkpoint
+            raise EvalInputError(
+                "--problems=heldout is a run's own held-out split: it needs --checkpoint=WORKDIR"
+            )
         problems = list(loaded.heldout)[: o.limit]
         task_ids = [p.task_id for p in problems]
     else:

@@ -17,9 +17,10 @@ class EvalProgress:
     def __init__(self, n_batches: int, write=None, quiet_s: float = 0.0):
         self.batches = n_batches  # the sampler calls per pass (pipeline.plan_batches)
         self.write = write or (lambda line: print(line, file=sys.stderr, flush=True))
-        self.quiet_s, self.t_first = quiet_s, None
+        self.quiet_s = quiet_s
+        self.t_first: float | None = None
         self.what = "greedy"
-        self.phase: tuple | None = None
+        self.phase: tuple[str, str] | None = None
         self.seconds = {"sampling": 0.0, "grading": 0.0}
 
     def start(self, phase: str, total: int, unit: str) -> None:
@@ -29,6 +30,8 @@ class EvalProgress:
         self.every = max(1, total // 10)
 
     def tick(self, done: int, seconds: float, kind: str) -> None:
+        if self.phase is None or self.t_first is None:
+            raise RuntimeError("EvalProgress.tick before start")
         prev, self.done = self.done, done
         self.seconds[kind] += seconds
         now = time.perf_counter()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
 
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.passk import pass_at_k
@@ -76,7 +77,7 @@ def summarize_tasks(counts, greedy, ks, seed: int = 0) -> dict:
     "wilson95" interval}."""
     from grpo_jax.stats import bootstrap_ci, wilson_interval
 
-    out = {}
+    out: dict[str, Any] = {}
     for k in ks:
         e = bootstrap_ci([pass_at_k(n, c, k) for n, c in counts], seed=seed)
         out[f"pass@{k}"], out[f"pass@{k}/ci95"] = e.value, [e.low, e.high]

@@ -10,6 +10,7 @@ import json
 import os
 import tempfile
 import time
+from typing import Any
 
 from grpo_jax import data
 from grpo_jax.codegen import datasets
@@ -37,7 +38,7 @@ def load_problem_file(spec: str):
         raise UsageError(f"--problems={spec}: {e}") from None
 
 
-def load_samples(path: str, by_id: dict) -> list[tuple[object, str, str]]:
+def load_samples(path: str, by_id: dict) -> list[tuple[str | int, str, str]]:
     """[(the sample's task_id as written, the problem's key, completion)], in file order."""
     if not os.path.isfile(path):
         raise UsageError(f"--samples={path}: no such file (expected .jsonl with task_id and completion)")
@@ -78,7 +79,7 @@ def summarize(results: list[dict], ks: list[int], keys: list[str] | None = None)
     per_task: dict[str, list[bool]] = collections.defaultdict(list)
     for i, r in enumerate(results):
         per_task[keys[i] if keys is not None else str(r["task_id"])].append(r["passed"])
-    summary = {"problems": len(per_task), "samples": len(results)}
+    summary: dict[str, Any] = {"problems": len(per_task), "samples": len(results)}
     for k in ks:
         if all(len(v) >= k for v in per_task.values()):
             vals = [pass_at_k(len(v), sum(v), k) for v in per_task.values()]

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.rewards import child_checked_fractions, failure_counts
 from grpo_jax.policies import sampling
+from grpo_jax.problem import Problem
 from grpo_jax.rollout.engines import RolloutEngine, make_engine
 from grpo_jax.rollout.grader import Grader, Grades, num_tests
 from grpo_jax.rollout.multiturn import MultiTurn, turn_metrics
@@ -108,7 +110,7 @@ class CodegenRollout:
         source: ProblemSource,
         engine: RolloutEngine,
         grader: Grader,
-        encode,
+        encode: Callable[[list[Problem]], tuple[np.ndarray, np.ndarray]],  # problems -> (prompt, mask) [B, P]
         *,
         group: int,
         sp: sampling.SamplingParams | None = None,
@@ -130,7 +132,7 @@ class CodegenRollout:
     def init_state(self, params: Any) -> RolloutState:
         """The rollout state of a fresh run; `params` (the trainable tree) shapes the pool's slots."""
         state = self.source.init_state()
-        return state.replace(pool=None if self.pool_rt is None else self.pool_rt.init(params))
+        return dataclasses.replace(state, pool=None if self.pool_rt is None else self.pool_rt.init(params))
 
     def settle(self, state: RolloutState) -> RolloutState:
         return state
@@ -180,10 +182,12 @@ class CodegenRollout:
                 pool, self.frozen, keys, probs, batch.prompt, batch.prompt_mask, step
             )
             if base is not None:
-                batch = batch.replace(baseline=jnp.asarray(base), baseline_valid=jnp.asarray(valid))
+                batch = dataclasses.replace(
+                    batch, baseline=jnp.asarray(base), baseline_valid=jnp.asarray(valid)
+                )
             m.update(pm)
         graded = [GradedRound(x.idx, x.grades.rewards, x.fresh(), x.out) for x in rounds]
-        state, sm = self.source.update(state.replace(pool=pool), graded, replayed)
+        state, sm = self.source.update(dataclasses.replace(state, pool=pool), graded, replayed)
         m.update(sm)
         m.update(round_metrics(rounds))
         samples = [self.sample_row(rounds[ri], b) for ri, b in rows]
@@ -219,7 +223,7 @@ class CodegenRollout:
         counts = None
         if self.turns is not None:  # later turns on the failed rows; the batch holds whole trajectories
             logp, trunc = self.ctx.host((out.logp, out.truncated))
-            first = SampleOutput(tokens, logp, mask, None, trunc)
+            first = SampleOutput(tokens, logp, mask, mask.sum(-1).astype(np.int32), trunc)
             out, grades, counts, t_more = self.turns.run(
                 params, probs, *host_prompt, first, grades, key, conv, self.sp
             )
@@ -251,12 +255,13 @@ def splice_replayed(out: SampleOutput, replayed: dict, n_rep: int) -> SampleOutp
     """The G-th member of the last n_rep groups replaced (on the device) by the stored success with its
     stored behaviour log-probs."""
     at = (slice(out.tokens.shape[0] - n_rep, None), out.tokens.shape[1] - 1)
+    # jnp.asarray: the engines give device arrays already (it returns them as they are)
     return SampleOutput(
-        tokens=out.tokens.at[at].set(replayed["tokens"]),
-        logp=out.logp.at[at].set(replayed["logp"]),
-        mask=out.mask.at[at].set(replayed["mask"]),
-        lengths=out.lengths.at[at].set(replayed["mask"].sum(-1).astype(jnp.int32)),
-        truncated=out.truncated.at[at].set(replayed["truncated"]),
+        tokens=jnp.asarray(out.tokens).at[at].set(replayed["tokens"]),
+        logp=jnp.asarray(out.logp).at[at].set(replayed["logp"]),
+        mask=jnp.asarray(out.mask).at[at].set(replayed["mask"]),
+        lengths=jnp.asarray(out.lengths).at[at].set(replayed["mask"].sum(-1).astype(jnp.int32)),
+        truncated=jnp.asarray(out.truncated).at[at].set(replayed["truncated"]),
     )
 
 
@@ -269,9 +274,10 @@ def assemble(
     group_mask = np.ones((B, G), np.float32)
     rows = [(0, b) for b in range(B)]
     if dynamic:
-        rows = [(ri, b) for ri, x in enumerate(rounds) for b in np.flatnonzero(kept(x.grades.rewards))][:B]
+        rows = [(ri, int(b)) for ri, x in enumerate(rounds) for b in np.flatnonzero(kept(x.grades.rewards))]
+        rows = rows[:B]
         n_kept = len(rows)
-        rows += [(0, b) for b in np.flatnonzero(~kept(rounds[0].grades.rewards))][: B - n_kept]
+        rows += [(0, int(b)) for b in np.flatnonzero(~kept(rounds[0].grades.rewards))][: B - n_kept]
         group_mask = np.repeat((np.arange(B) < n_kept)[:, None], G, axis=1).astype(np.float32)
         m["dynamic/rounds"] = float(len(rounds) - 1)
         m["dynamic/kept_groups"] = float(n_kept)
@@ -279,13 +285,13 @@ def assemble(
     def pick(name):
         return np.stack([getattr(rounds[ri].grades, name)[b] for ri, b in rows])
 
-    dev = {"prompt": [x.prompt for x in rounds], "pmask": [x.pmask for x in rounds]}
-    dev.update({f: [getattr(x.out, f) for x in rounds] for f in SampleOutput._fields})
+    parts: dict[str, list[Any]] = {"prompt": [x.prompt for x in rounds], "pmask": [x.pmask for x in rounds]}
+    parts.update({f: [getattr(x.out, f) for x in rounds] for f in SampleOutput._fields})
     if len(rounds) == 1 and rows == [(0, b) for b in range(B)]:
-        dev = {k: v[0] for k, v in dev.items()}
+        dev = {k: v[0] for k, v in parts.items()}
     else:
         flat = jnp.asarray([ri * B + b for ri, b in rows], jnp.int32)
-        dev = {k: jnp.concatenate(v)[flat] for k, v in dev.items()}
+        dev = {k: jnp.concatenate(v)[flat] for k, v in parts.items()}
     out = SampleOutput(*(dev[f] for f in SampleOutput._fields))
     batch = batch_from_samples(
         dev["prompt"],
@@ -339,7 +345,7 @@ class AsyncRollout:
 
     def init_state(self, params: Any) -> RolloutState:
         pending = empty_batch(*self.batch_shape, self.inner.grader.num_tests)
-        return self.inner.init_state(params).replace(pending=pending)
+        return dataclasses.replace(self.inner.init_state(params), pending=pending)
 
     def produce(self, state: RolloutState, params: Any, key: jax.Array, step: int):
         if self._future is not None:
@@ -348,13 +354,15 @@ class AsyncRollout:
         if self._pending_step == step:
             batch, info = self.inner.place(pending), self._pending_info
         else:  # nothing graded ahead (a fresh run, or resumed from a checkpoint without a pending batch)
-            state, batch, info = self.inner.produce(state.replace(pending=None), params, key, step)
+            state, batch, info = self.inner.produce(
+                dataclasses.replace(state, pending=None), params, key, step
+            )
         params, key = jax.tree.map(jnp.copy, (params, key))  # the train step donates the originals
         self._future = self._threads.submit(
-            self.inner.produce, state.replace(pending=None), params, key, step + 1
+            self.inner.produce, dataclasses.replace(state, pending=None), params, key, step + 1
         )
         self._pending_step = step + 1
-        return state.replace(pending=pending), batch, info
+        return dataclasses.replace(state, pending=pending), batch, info
 
     def settle(self, state: RolloutState) -> RolloutState:
         if self._future is None:
@@ -362,7 +370,7 @@ class AsyncRollout:
         nxt, batch, info = self._future.result()
         self._future = None
         self._pending_info = info
-        return nxt.replace(pending=batch)
+        return dataclasses.replace(nxt, pending=batch)
 
     def bind(self, frozen: Any) -> None:
         self.inner.bind(frozen)

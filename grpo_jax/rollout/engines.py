@@ -237,7 +237,7 @@ class ContinuousEngine:
         out = self._run(params, prompt, prompt_mask, key, n, sp)
         t = out.tokens.shape[-1]
         rows = [
-            np.r_[prompt[b][prompt_mask[b] > 0], out.tokens[b, j, : out.lengths[b, j]]]
+            np.r_[prompt[b][prompt_mask[b] > 0], out.tokens[b, j, : int(out.lengths[b, j])]]
             for b in range(prompt.shape[0])
             for j in range(n)
         ]
@@ -264,7 +264,7 @@ class ContinuousEngine:
         for i, row in enumerate(ctx):
             prompt[i, width - row.size :], pmask[i, width - row.size :] = row, 1
         out = self._run(params, prompt, pmask, key, 1, sp)
-        rows = [np.r_[row, out.tokens[i, 0, : out.lengths[i, 0]]] for i, row in enumerate(ctx)]
+        rows = [np.r_[row, out.tokens[i, 0, : int(out.lengths[i, 0])]] for i, row in enumerate(ctx)]
         return jax.tree.map(jnp.asarray, out), Contexts(rows, width + self.max_new)
 
     def _run(self, params, prompt: np.ndarray, prompt_mask: np.ndarray, key, n: int, sp) -> SampleOutput:
@@ -278,7 +278,7 @@ class ContinuousEngine:
         q.slot_of = np.full(rows, -1, np.int64)
         slots = self._init(self.run_cfg, rows, p, self.max_new)
         chunk = self._chunk_fn(p)
-        st = dict(chunks=0, decode_steps=0, row_steps=0, inserts=0, shrinks=0, tail_steps=0)
+        st: dict[str, float] = dict(chunks=0, decode_steps=0, row_steps=0, inserts=0, shrinks=0, tail_steps=0)
         st["last10_s"] = 0.0
         t_prefill = time.perf_counter()
         while q.done < q.total:

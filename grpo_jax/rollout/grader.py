@@ -104,9 +104,9 @@ class Grader:
             return pipeline.score_completions(self.executor, problems, texts, G, dl, self.fmt, **kw)
         owned = np.ones(len(problems), bool) if self.owned is None else self.owned
         mine = np.flatnonzero(owned)
-        my_texts = [texts[b * G + g] for b in mine for g in range(G)]
+        my_texts = [texts[b * G + g] for b in mine.tolist() for g in range(G)]
         v, r = pipeline.score_completions(
-            self.executor, [problems[b] for b in mine], my_texts, G, dl, self.fmt, **kw
+            self.executor, [problems[b] for b in mine.tolist()], my_texts, G, dl, self.fmt, **kw
         )
         verdicts: list = [None] * (len(problems) * G)
         rewards = np.zeros((len(problems), G), r.dtype)

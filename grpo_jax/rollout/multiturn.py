@@ -133,7 +133,9 @@ class MultiTurn:
         `sp`: the later turns' sampling parameters (default: temperature 1)."""
         sp = sampling.sampling_params() if sp is None else sp
         tr = _Trajectories(self, problems, first, grades)
-        rc = held = None  # rc: the engine's conversations of the rows `held` (the last turn's batch)
+        # rc: the engine's conversations of the rows `held` (the last turn's batch)
+        rc: Any = None
+        held: np.ndarray | None = None
         for k in range(2, self.K + 1):
             rows = np.flatnonzero(~tr.passed)
             if not rows.size:
@@ -164,6 +166,7 @@ class MultiTurn:
                 if rc is None:
                     rc = self.engine.select(conv, idx)
                 else:
+                    assert held is not None  # set together with rc
                     where = {r: j for j, r in reversed(list(enumerate(held)))}
                     rc = self.engine.select(rc, [where[r] for r in idx])
                 out, rc = self.engine.extend(params, rc, fb_tok, fb_mask, key_k, sp=sp)
@@ -207,11 +210,17 @@ class _Trajectories:
         self.replies = list(grades.texts)
         self.later: list[list[dict]] = [[] for _ in range(N)]  # with mt.record: turns 2.. of each row
         self.row_problem = [problems[r // G] for r in range(N)]
-        c = {"rows": N, "passed": np.zeros(K), "len": np.zeros(K), "turn_rows": np.zeros(K), "fb": 0.0}
+        c: dict[str, Any] = {
+            "rows": N,
+            "passed": np.zeros(K),
+            "len": np.zeros(K),
+            "turn_rows": np.zeros(K),
+            "fb": 0.0,
+        }
         c["passed"][0], c["len"][0], c["turn_rows"][0] = self.passed.sum(), self.length.sum(), N
         self.counts, self.t_sample, self.t_grade = c, 0.0, grades.seconds
 
-    def append(self, r: int, ids, logp=None) -> None:
+    def append(self, r: int | np.integer, ids, logp=None) -> None:
         """Tokens after row r's trajectory: the model's own (with their behaviour log-probs: in the loss mask)
         or a feedback turn's (logp None: context only)."""
         sl = slice(self.length[r], self.length[r] + len(ids))
@@ -321,7 +330,9 @@ class EvalTurns:
         )
         tokens, mask = np.asarray(tokens), np.asarray(mask)
         ended = (np.isin(tokens, self.stops) & (mask > 0)).any(-1)
-        first = SampleOutput(tokens, np.zeros(mask.shape, np.float32), mask, None, ~ended)
+        first = SampleOutput(
+            tokens, np.zeros(mask.shape, np.float32), mask, mask.sum(-1).astype(np.int32), ~ended
+        )
         grades = grader.grade(problems, tokens, mask)
         mt = MultiTurn(
             self.engine, grader, self.tok, self.fmt, discount=self.discount, record=True, **self.kw

@@ -17,6 +17,7 @@ priorities of the replayed items.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -175,4 +176,4 @@ def _update(cur_cfg, alpha, state, levels, rounds, replayed, *, with_replay=Fals
                 jnp.ones(replayed["problem"].shape[0]), s[replayed["problem"]], alpha=alpha
             )
             rp = replay.update_priorities(rp, replayed["slot"], prio)
-    return state.replace(stats=stats, curriculum=cur, replay=rp)
+    return dataclasses.replace(state, stats=stats, curriculum=cur, replay=rp)

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 import warnings
+from typing import TypedDict
 
 import jax
 
@@ -34,7 +35,15 @@ _JAX_ENTRY_ERRORS = (
     "Error reading persistent compilation cache entry",
     "Error writing persistent compilation",
 )
-_STATE = {"path": None, "warned": False, "hooked": False}
+
+
+class _State(TypedDict):
+    path: str | None
+    warned: bool
+    hooked: bool
+
+
+_STATE: _State = {"path": None, "warned": False, "hooked": False}
 
 
 def default_dir() -> str:
@@ -69,7 +78,8 @@ def enable(setting: str = "", min_compile_s: float = MIN_COMPILE_S) -> str | Non
 
 def directory() -> str | None:
     """The directory `enable` turned the cache on in; None when it is off (or was never enabled here)."""
-    return _STATE["path"] if jax.config.jax_enable_compilation_cache else None
+    # jax's Config holds its options as dynamic attributes (declared for pytype only): mypy sees none of them
+    return _STATE["path"] if jax.config.jax_enable_compilation_cache else None  # type: ignore[attr-defined]
 
 
 def unusable(path: str) -> str | None:

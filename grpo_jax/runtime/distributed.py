@@ -33,7 +33,7 @@ import pickle
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import jax
 
@@ -82,8 +82,15 @@ def initialize(dist) -> None:
         threading.Thread(target=_watchdog, args=args, daemon=True).start()
 
 
+class _Progress(TypedDict):
+    armed: bool
+    count: int
+    label: str
+    since: float
+
+
 # where this process's GRPO step is (Context.progress), read by the watchdog; "armed" only inside a step
-_PROGRESS = {"armed": False, "count": 0, "label": "starting", "since": time.monotonic()}
+_PROGRESS: _Progress = {"armed": False, "count": 0, "label": "starting", "since": time.monotonic()}
 
 
 def _watchdog(me: int, count: int, timeout_s: float, step_timeout_s: float, every_s: float = 0.5) -> None:
@@ -95,16 +102,16 @@ def _watchdog(me: int, count: int, timeout_s: float, step_timeout_s: float, ever
         collective; the peers that are behind it are named),
     whatever the main thread is blocked in, so the run ends within a bounded time instead of hanging."""
     client = _client()
-    seen = {p: (None, time.monotonic()) for p in range(count) if p != me}
+    seen: dict[int, tuple[str | None, float]] = {p: (None, time.monotonic()) for p in range(count) if p != me}
     where = dict.fromkeys(seen, (0, "starting"))
     beat, unreachable_since = 0, None
     while True:
         beat += 1
         now = time.monotonic()
-        pr = dict(_PROGRESS)
+        pr = _PROGRESS.copy()
         try:
-            value = f"{beat}|{pr['count']}|{pr['label']}"
-            client.key_value_set(f"grpo_jax/heartbeat/{me}", value, allow_overwrite=True)
+            mine = f"{beat}|{pr['count']}|{pr['label']}"
+            client.key_value_set(f"grpo_jax/heartbeat/{me}", mine, allow_overwrite=True)
             for p, (value, since) in seen.items():
                 try:
                     v = client.key_value_try_get(f"grpo_jax/heartbeat/{p}")
@@ -137,7 +144,7 @@ def _watchdog(me: int, count: int, timeout_s: float, step_timeout_s: float, ever
         time.sleep(every_s)
 
 
-def _stall_message(me: int, pr: dict, where: dict, now: float, step_timeout_s: float) -> str:
+def _stall_message(me: int, pr: _Progress, where: dict, now: float, step_timeout_s: float) -> str:
     """Why this process's step stalled: the peers that are behind it, or that it is the one behind."""
     behind = [f"process {p} at {lb!r}" for p, (n, lb) in where.items() if n < pr["count"]]
     ahead = [f"process {p} reached {lb!r}" for p, (n, lb) in where.items() if n > pr["count"]]
@@ -217,11 +224,13 @@ class Context:
 
     def progress(self, label: str) -> None:
         """Mark a point of the GRPO step reached (the watchdog ends a step that stops making progress)."""
-        _PROGRESS.update(armed=True, count=_PROGRESS["count"] + 1, label=label, since=time.monotonic())
+        _PROGRESS.update(
+            {"armed": True, "count": _PROGRESS["count"] + 1, "label": label, "since": time.monotonic()}
+        )
 
     def idle(self) -> None:
         """Outside the GRPO steps (SFT, evaluation, checkpoints): no progress deadline."""
-        _PROGRESS.update(armed=False, since=time.monotonic())
+        _PROGRESS.update({"armed": False, "since": time.monotonic()})
 
     def barrier(self, name: str, timeout_s: float | None = None) -> None:
         """Wait until every process arrives; PeerLost naming the missing ones after the timeout."""

@@ -25,8 +25,8 @@ def memory_metrics(devices: Sequence[Any] | None = None) -> dict[str, float]:
         import jax  # noqa: PLC0415  (needed only here)
 
         devices = jax.local_devices()
-    peaks = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
-    peaks = [p for p in peaks if p is not None]
+    reported = [(d.memory_stats() or {}).get("peak_bytes_in_use") for d in devices]
+    peaks = [p for p in reported if p is not None]
     if peaks:
         out["memory/device_peak_mb"] = float(max(peaks)) / 2**20
     return out
@@ -47,9 +47,10 @@ def release_host_memory() -> None:
     XLA:CPU's freed buffers (a sampler's KV caches, a train step's activations) and the compiler's memory
     stay in glibc's per-thread arenas, so the resident set grows phase by phase and the next phase's peak
     adds to it: the SmolLM2 run's resident baseline rose from 2.1 to 3.2-3.5 GB over its first evaluation
-    and three steps without this, and stayed at 2.3-2.7 GB with it (docs/results/mixed_precision_and_memory.md). Called after each
-    evaluation sampling call, after a rollout's sampling and at the start of each rollout (the previous
-    train step's buffers); measured 3-80 ms a call (SmolLM2, after a 50 x 128 evaluation batch)."""
+    and three steps without this, and stayed at 2.3-2.7 GB with it
+    (docs/results/mixed_precision_and_memory.md). Called after each evaluation sampling call, after a
+    rollout's sampling and at the start of each rollout (the previous train step's buffers); measured
+    3-80 ms a call (SmolLM2, after a 50 x 128 evaluation batch)."""
     trim = getattr(libc(), "malloc_trim", None)  # glibc only
     if trim is not None:
         trim(0)

@@ -20,7 +20,9 @@ contractions raise ShardingTypeError unless every op is annotated).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -109,7 +111,7 @@ def _names(path) -> list[str]:
 
 def tensor_spec(names: list[str], ndim: int) -> list:
     """Megatron specs over TENSOR for the projection kernels / column biases (others: nothing)."""
-    spec = [None] * ndim
+    spec: list[str | None] = [None] * ndim
     owner = next((n for n in reversed(names) if n in _COLUMN or n in _ROW), None)
     last = names[-1] if names else ""
     if owner is None:
@@ -158,7 +160,7 @@ def pool_shardings(pool: Any, mesh: Mesh) -> Any:
         return NamedSharding(mesh, P(k_axis, *inner))
 
     out = jax.tree.map(lambda _: rep, pool)
-    return out.replace(params=jax.tree_util.tree_map_with_path(member, pool.params))
+    return dataclasses.replace(out, params=jax.tree_util.tree_map_with_path(member, pool.params))
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
@@ -195,7 +197,10 @@ def owned_rows(n_rows: int, sharding: NamedSharding) -> np.ndarray:
     of the lowest-numbered device holding it (rows replicated over the tensor axis are graded once)."""
     owner = np.full(n_rows, np.iinfo(np.int64).max)
     proc = np.full(n_rows, -1)
-    for dev, idx in sharding.devices_indices_map((n_rows,)).items():
+    # jax annotates devices_indices_map with `Device = xc.Device`, an alias mypy cannot resolve (jaxlib's
+    # _jax extension has no stubs): jax.Device here
+    placement: Mapping[jax.Device, Any] = sharding.devices_indices_map((n_rows,))
+    for dev, idx in placement.items():
         rows = np.arange(n_rows)[idx[0]]
         better = dev.id < owner[rows]
         owner[rows[better]] = dev.id

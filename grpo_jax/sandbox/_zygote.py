@@ -563,7 +563,7 @@ def _program_side(req, serve):
 # expected values out of the check, or make the check pass with an object whose methods lie: C never touches
 # an object of P's, only plain values (objects that are not plain data stay in P as opaque references).
 # ---------------------------------------------------------------------------------------------------------
-_REFS = []  # P: objects of the program that are not plain data, referred to by index
+_REFS: list = []  # P: objects of the program that are not plain data, referred to by index
 
 
 def _tag_or_ref(v):
@@ -960,13 +960,15 @@ def child_c3(req, cfg, out_w, res_w, workdir, payload_fd, check_fd=None, stdin_f
         if req.get("stdio") and req.get("input_file"):
             _place_input(req["input_file"])
         if req.get("stdio"):  # the standard streams of `python3 prog.py` on POSIX with pipes (pylifecycle.c)
-            sys.stdin = sys.__stdin__ = open(
+            # the ignores: typeshed marks sys.__stdin__ / __stdout__ / __stderr__ Final; the child rebinds
+            # them on purpose (as `python3 prog.py` has them)
+            sys.stdin = sys.__stdin__ = open(  # type: ignore[misc]
                 0, encoding="utf-8", errors="surrogateescape", newline="\n", closefd=False
             )
-            sys.stdout = sys.__stdout__ = open(
+            sys.stdout = sys.__stdout__ = open(  # type: ignore[misc]
                 1, "w", encoding="utf-8", errors="surrogateescape", newline="\n", closefd=False
             )
-            sys.stderr = sys.__stderr__ = open(  # stderr is line-buffered (buffering=1)
+            sys.stderr = sys.__stderr__ = open(  # type: ignore[misc]  # stderr: line-buffered (buffering=1)
                 2, "w", 1, encoding="utf-8", errors="backslashreplace", newline="\n", closefd=False
             )
         else:
@@ -1101,7 +1103,7 @@ def _sweep_ns():
     return killed, not _ns_pids()
 
 
-_REAPED = {}
+_REAPED: dict[int, int] = {}  # pid -> wait status collected by _reap()
 
 
 def _wait_for(pid):

@@ -28,6 +28,7 @@ import builtins
 import dataclasses
 import warnings
 from collections.abc import Iterable
+from typing import Literal, overload
 
 from grpo_jax.sandbox.grading import WRAPPERS
 from grpo_jax.sandbox.types import TestCase
@@ -37,6 +38,10 @@ _CMP = {ast.Eq: "eq", ast.NotEq: "ne", ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt"
 _FLIP = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le", "eq": "eq", "ne": "ne"}
 
 
+@overload
+def parse(code: str, mode: Literal["exec"] = "exec") -> ast.Module: ...
+@overload
+def parse(code: str, mode: Literal["eval"]) -> ast.Expression: ...
 def parse(code: str, mode: str = "exec") -> ast.AST:
     """ast.parse without the Syntax/DeprecationWarnings of dataset code (MBPP's "\\d" in plain strings)."""
     with warnings.catch_warnings():

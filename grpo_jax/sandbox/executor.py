@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -94,7 +95,8 @@ class _Slot:
             return
         for f in (p.stdin, p.stdout):
             try:
-                f.close()
+                if f is not None:
+                    f.close()
             except OSError:
                 pass
         try:
@@ -107,10 +109,11 @@ class _Slot:
             pass
 
     def close(self) -> None:
-        if self.alive():
+        p = self.proc
+        if p is not None and self.alive():
             try:
                 self._write({"op": "quit"})
-                self.proc.wait(timeout=2)
+                p.wait(timeout=2)
             except (OSError, subprocess.TimeoutExpired, _WorkerDied):
                 pass
         self.kill()
@@ -119,13 +122,15 @@ class _Slot:
         """One request: the length-prefixed JSON header `obj`, then the raw blobs (their sizes are in it)."""
         if not self.alive():
             raise _WorkerDied("zygote not running")
+        assert self.proc is not None and self.proc.stdin is not None  # alive(); started with stdin=PIPE
+        stdin = self.proc.stdin
         body = json.dumps(obj, ensure_ascii=True).encode()
         try:
-            self.proc.stdin.write(struct.pack("!I", len(body)) + body)
+            stdin.write(struct.pack("!I", len(body)) + body)
             for blob in blobs:
                 if blob:
-                    self.proc.stdin.write(blob)
-            self.proc.stdin.flush()
+                    stdin.write(blob)
+            stdin.flush()
         except (OSError, ValueError) as e:
             raise _WorkerDied(f"write to zygote failed: {e}") from None
 
@@ -585,9 +590,8 @@ class Executor:
                     self._expected[(prelude, e)] = got[e]
         out = []
         for job in jobs:
-            tests = getattr(job, "tests", None)
-            if isinstance(job, Job) and any(t.expected_expr is not None for t in tests):
-                job = dataclasses.replace(job, tests=tuple(self._resolved(t) for t in tests))
+            if isinstance(job, Job) and any(t.expected_expr is not None for t in job.tests):
+                job = dataclasses.replace(job, tests=tuple(self._resolved(t) for t in job.tests))
             out.append(job)
         return out
 
@@ -665,6 +669,7 @@ class Executor:
             if v is not None:
                 out[i] = v
                 continue
+            assert key is not None  # _prepare: no verdict yet, so a cache key
             pending.setdefault(key, []).append(i)
             prepared[key] = (job, lim)
         with self._lock:
@@ -847,7 +852,7 @@ class Executor:
                     slot,
                     lim,
                     deadline,
-                    lambda wall, tc=tc: self._stdio_request(job, tc, lim, wall),
+                    functools.partial(self._stdio_request, job, tc, lim),
                     _stdin_bytes(tc),
                     retried,
                 )

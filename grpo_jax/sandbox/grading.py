@@ -52,7 +52,8 @@ def tag(v: Any, depth: int = 0) -> Any:
     if t is float:
         return {"f": repr(v)}
     if t in (list, tuple, set, frozenset):
-        key = {list: "l", tuple: "t", set: "s", frozenset: "fs"}[t]
+        keys: dict[type, str] = {list: "l", tuple: "t", set: "s", frozenset: "fs"}
+        key = keys[t]
         items = [tag(x, depth + 1) for x in v]
         if t in (set, frozenset):
             items.sort(key=lambda x: json.dumps(x, sort_keys=True))
@@ -386,12 +387,12 @@ def grade(
     # per-test results (first record per index wins; duplicates are a forgery sign and fail that test)
     by_index: dict[int, dict] = {}
     dup: set[int] = set()
-    for r in records:
-        if r["k"] == "t" and type(r.get("i")) is int and 0 <= r["i"] < n:
-            if r["i"] in by_index:
-                dup.add(r["i"])
+    for rec in records:
+        if rec["k"] == "t" and type(rec.get("i")) is int and 0 <= rec["i"] < n:
+            if rec["i"] in by_index:
+                dup.add(rec["i"])
             else:
-                by_index[r["i"]] = r
+                by_index[rec["i"]] = rec
     results: list[TestResult] = []
     any_exc = False
     any_mem = False
@@ -399,8 +400,8 @@ def grade(
         r = by_index.get(i)
         if r is None:
             break
-        s = r.get("s")
-        s = float(s) if type(s) in (int, float) and math.isfinite(s) else 0.0
+        s_raw: Any = r.get("s")  # the child's JSON: anything
+        s = float(s_raw) if type(s_raw) in (int, float) and math.isfinite(s_raw) else 0.0
         if i in dup:
             results.append(TestResult(False, Status.RUNTIME_ERROR, s, "duplicate result records"))
             any_exc = True

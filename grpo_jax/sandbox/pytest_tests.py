@@ -67,6 +67,7 @@ import builtins
 import copy
 import dataclasses
 import itertools
+from typing import Any
 
 from grpo_jax.sandbox.asserts import BUILTIN_NAMES, dotted_name, free_names, parse, split_assert
 from grpo_jax.sandbox.types import TestCase
@@ -284,7 +285,7 @@ def _ascii_escaped(v: str | bytes) -> str:
     return s.translate(_NONPRINTABLE)
 
 
-def _literal(node: ast.AST) -> tuple[bool, object]:
+def _literal(node: ast.AST) -> tuple[bool, Any]:
     try:
         return True, ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -663,10 +664,11 @@ def _parent_cases(item: _Item, mod: _Module, prelude: str) -> list[TestCase] | N
     if a.vararg or a.kwarg or a.kwonlyargs or set(_params(item)) != set(bindings):
         return None  # fixtures (or *args): child-side
     body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
-    if not body or not all(isinstance(s, ast.Assert) for s in body):
+    asserts = [s for s in body if isinstance(s, ast.Assert)]
+    if not body or len(asserts) != len(body):
         return None
     loads: dict[str, int] = {}
-    for s in body:
+    for s in asserts:
         for n in ast.walk(s):
             if isinstance(n, ast.Name) and n.id in bindings:
                 if not isinstance(n.ctx, ast.Load):
@@ -680,7 +682,7 @@ def _parent_cases(item: _Item, mod: _Module, prelude: str) -> list[TestCase] | N
             return None  # one object seen twice (an in-place change would show): keep pytest's semantics
     self_name = {x.arg for x in (a.posonlyargs + a.args)[:1]} if item.cls is not None else set()
     cases = []
-    for s in body:
+    for s in asserts:
         written = _Substitute(bindings).visit(copy.deepcopy(s.test))
         rw = _Rewrite(mod, self_name | (_stored_names(written) - set(bindings)))
         test = rw.visit(copy.deepcopy(written))
@@ -866,9 +868,9 @@ def _check_fixtures(item: _Item, mod: _Module) -> None:
 
 
 def _check_pytest_uses(tree: ast.Module, mod: _Module) -> None:
-    for attr in mod.pytest_names.values():
-        if attr and attr.split(".")[0] not in _PYTEST_SUPPORTED:
-            raise ValueError(f"module level: `from pytest import {attr}` is not supported")
+    for name in mod.pytest_names.values():
+        if name and name.split(".")[0] not in _PYTEST_SUPPORTED:
+            raise ValueError(f"module level: `from pytest import {name}` is not supported")
     for node in tree.body:
         if _is_main_guard(node) or _is_runner_call(node, mod):
             continue

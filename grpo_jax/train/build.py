@@ -375,10 +375,11 @@ def model_and_tokenizer(cfg: RunConfig, print_fn=print):
     tokenizer, or a fresh model of cfg.model's shape over the procedural tokenizer (or --tokenizer)."""
     m = cfg.model
     tok = CodeTokenizer()
-    if m.tokenizer or m.init_from:
+    flag = tokenizer_flag(cfg)
+    if flag is not None:  # --tokenizer or --init_from
         from grpo_jax.pretrained.api import load_tokenizer
 
-        with input_file(tokenizer_flag(cfg)):
+        with input_file(flag):
             tok = load_tokenizer(m.tokenizer or m.init_from)
     if not m.init_from:
         return tok, model_config(cfg, tok), None
@@ -466,7 +467,9 @@ def state_template(cfg: RunConfig, model, optimizer, rollout, mesh) -> RunState:
     rep = sharding.replicated(mesh)
     shard_rollout = jax.tree.map(lambda _: rep, abstract.rollout)
     if abstract.rollout.pool is not None:  # the pool's K snapshots split over the data axis
-        shard_rollout = shard_rollout.replace(pool=sharding.pool_shardings(abstract.rollout.pool, mesh))
+        shard_rollout = dataclasses.replace(
+            shard_rollout, pool=sharding.pool_shardings(abstract.rollout.pool, mesh)
+        )
     shardings = RunState(
         train=sharding.tree_shardings(abstract.train, mesh),
         rollout=shard_rollout,

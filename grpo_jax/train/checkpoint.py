@@ -415,7 +415,8 @@ class Checkpointer:
             self._unreadable(step, e)
         state = restored[STATE_ITEM]
         # orbax returns the template's container types; check the tree structure once more to be sure
-        if jax.tree.structure(state) != jax.tree.structure(abstract):
+        # the ignore: jax's PyTreeDef aliases jaxlib's pytree extension class, which ships no stubs
+        if jax.tree.structure(state) != jax.tree.structure(abstract):  # type: ignore[operator]
             raise CheckpointMismatchError(
                 f"restored tree structure differs from the template's (step {step} in {self.directory})"
             )
@@ -466,7 +467,7 @@ class SignalFlag:
     KeyboardInterrupt, so Ctrl-C twice still stops a loop that hangs.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._event = threading.Event()
         self._previous: dict[int, Any] = {}
         self.signum: int | None = None  # the last signal received

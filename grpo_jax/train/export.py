@@ -43,8 +43,12 @@ def open_checkpoint(workdir: str, step: int | None = None, print_fn=print) -> tu
     cfg = dataclasses.replace(cfg, mesh=MeshConfig(), dist=DistConfig())
     run = build(cfg, None, print_fn)
     state, _ = run.ckpt.restore(run.template, step)
-    if run.ckpt.last_restore.skipped:  # corrupt newer steps: said, never silently passed over
-        print_fn(run.ckpt.last_restore.line(run.ckpt.directory, doing="reading"))
+    info = run.ckpt.last_restore
+    if info is None:
+        raise RuntimeError("Checkpointer.restore returned without recording its RestoreInfo")
+    skipped = info.line(run.ckpt.directory, doing="reading")
+    if skipped is not None:  # corrupt newer steps: said, never silently passed over
+        print_fn(skipped)
     run.rollout.bind(state.frozen)
     run.pretrained = None
     return run, state
@@ -70,7 +74,7 @@ def export(run: Run, state: RunState, out: str, overwrite: bool = False) -> None
     model, params = without_value_head(run.model, params)  # PPO's critic is not part of the exported policy
     save_pretrained(out, model, params, tokenizer=run.tok, overwrite=overwrite)
     msg = f"exported the policy (step {int(state.train.step)}) as a Hugging Face checkpoint: {out}"
-    if run.cfg.lora.enabled:
+    if adapters is not None:  # LoRA runs
         peft = out.rstrip("/") + "_peft"
         save_peft_adapters(peft, run.model, adapters, lora_alpha=run.cfg.lora.alpha, overwrite=overwrite)
         msg += f" (LoRA adapters in PEFT format: {peft})"
@@ -87,5 +91,7 @@ def params_digest(params: Any, fetch: Any = jax.device_get) -> str:
     for leaf in jax.tree.leaves(params):
         a = np.ascontiguousarray(fetch(leaf))
         h.update(str(a.dtype).encode() + str(a.shape).encode())
-        h.update(a.reshape(-1).view(np.uint8))  # the bytes in C order, as a.tobytes() without the copy
+        # the bytes in C order, as a.tobytes() without the copy; the ignore: numpy's stubs declare
+        # ndarray.__buffer__ (the Buffer protocol) for Python >= 3.12 only
+        h.update(a.reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     return h.hexdigest()

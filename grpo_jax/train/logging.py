@@ -217,13 +217,13 @@ class MetricsLogger:
                 purge_step=purge_step,
                 filename_suffix=f".{time.time_ns()}",
             )
-            self._keep_tb_write_errors()
+            self._keep_tb_write_errors(self._tb)
 
-    def _keep_tb_write_errors(self) -> None:
+    def _keep_tb_write_errors(self, writer: Any) -> None:
         """tensorboardX writes events in a thread that a write error (a full disk) ends with a traceback,
         after which its bounded queue fills and the next event blocks the run forever: the error is kept
         instead (later events are dropped) and raised by the next call of this logger (_check_tb)."""
-        events = self._tb._get_file_writer().event_writer._ev_writer
+        events = writer._get_file_writer().event_writer._ev_writer
 
         def keep(method):
             def call(*args):
@@ -414,7 +414,7 @@ class Progress:
 class PassRateTable:
     """Attempts and passes per task (and per level when given); JSON-able for checkpoints."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._tasks: dict[str, dict[str, Any]] = {}
 
     def update(

@@ -21,6 +21,7 @@ and restarted ends bit-identical to an uninterrupted one (tests/test_codegen_e2e
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable
@@ -55,7 +56,14 @@ from grpo_jax.train.state import RunState, make_optimizer
 
 __all__ = ["RunConfigError", "evaluate", "finish", "rl_step", "run", "setup", "sft_warm_start", "train"]
 
-CONSOLE_KEYS = ("reward", "Performance/SuccessRate", "frac_reward_zero_std", "kl", "entropy", "grad_norm")
+CONSOLE_KEYS: tuple[str, ...] = (
+    "reward",
+    "Performance/SuccessRate",
+    "frac_reward_zero_std",
+    "kl",
+    "entropy",
+    "grad_norm",
+)
 CONSOLE_KEYS += multiturn.CONSOLE_KEYS  # grpo_jax.rollout.multiturn
 
 
@@ -125,20 +133,23 @@ def sft_warm_start(run: Run, params, key):
     """The supervised warm start on the SFT problems' reference solutions; its time and final loss go to
     the results."""
     cfg, t = run.cfg, time.perf_counter()
+    steps = cfg.sft.steps
+    if steps is None:  # "auto" is resolved with the config, before any run starts
+        raise ValueError("sft_warm_start: --sft_steps is unresolved (auto)")
     data = pipeline.sft_examples(
         run.tok, run.problems.sft, cfg.tasks.prompt_len, cfg.rollout.max_new_tokens, cfg.tasks.prompt
     )
-    warmup = min(cfg.sft.warmup_steps, cfg.sft.steps)
+    warmup = min(cfg.sft.warmup_steps, steps)
     sft_opt = make_optimizer(OptimConfig(learning_rate=cfg.sft.lr, warmup_steps=warmup))
     params, hist = sft.sft_train(
         params,
         run.model,
         sft_opt,
         data,
-        steps=cfg.sft.steps,
+        steps=steps,
         batch_size=cfg.sft.batch,
         key=key,
-        log_every=max(1, cfg.sft.steps // 5),
+        log_every=max(1, steps // 5),
         print_fn=run.print,
     )
     run.results["sft_seconds"] = time.perf_counter() - t
@@ -203,7 +214,7 @@ def rl_step(run: Run, state: RunState, step: int, progress: Progress) -> RunStat
         run.print(progress.line(n, m, CONSOLE_KEYS))
     if run.cfg.log.sample_every and n % run.cfg.log.sample_every == 0:
         run.logger.samples(n, info.samples)
-    return state.replace(train=train_state, rollout=rollout)
+    return dataclasses.replace(state, train=train_state, rollout=rollout)
 
 
 def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:

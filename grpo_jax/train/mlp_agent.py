@@ -183,7 +183,7 @@ def make_grpo_train_step(task: BanditTask, cfg: GRPOAgentConfig):
             "kl_coef": state.kl_coef,
             "entropy_coef": state.entropy_coef,
         }
-        new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        new = dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1)
         return new, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return jax.jit(train_step, donate_argnums=0)
@@ -195,7 +195,12 @@ def evaluate_bandit(params: dict, task: BanditTask, key: Array, num: int = 1024)
     obs = task.observe(k_obs, (num,))
     out = mlp.apply(params, obs)
     action, _ = mlp.dist_sample(out, k_act)
-    greedy = jnp.argmax(out.logits, axis=-1) if out.logits is not None else out.mean
+    if out.logits is not None:
+        greedy = jnp.argmax(out.logits, axis=-1)
+    elif out.mean is not None:
+        greedy = out.mean
+    else:
+        raise ValueError("evaluate_bandit: the policy gives neither logits nor a mean")
     return {"reward": task.reward(obs, action).mean(), "greedy_reward": task.reward(obs, greedy).mean()}
 
 
@@ -375,7 +380,7 @@ def make_ppo_train_step(env: toy.Chain, cfg: PPOAgentConfig):
             epoch, (state.params, state.opt_state), jax.random.split(k_perm, cfg.num_epochs)
         )
         metrics = chain_ppo_metrics(ro, returns, auxs, grad_norms)
-        new = state.replace(params=params, opt_state=opt_state, step=state.step + 1)
+        new = dataclasses.replace(state, params=params, opt_state=opt_state, step=state.step + 1)
         return new, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
 
     return jax.jit(train_step, donate_argnums=0)

@@ -33,6 +33,8 @@ from grpo_jax.train.export import open_checkpoint, params_digest
 
 
 def _from_checkpoint(o: PolicyEval, log):
+    if not o.checkpoint:
+        raise EvalInputError("--checkpoint=WORKDIR[:STEP] is not given")
     workdir, step = parse_checkpoint(o.checkpoint)
     try:
         run, state = open_checkpoint(workdir, step=step, print_fn=log)
@@ -52,6 +54,8 @@ def _from_checkpoint(o: PolicyEval, log):
 
 
 def _from_pretrained(o: PolicyEval, log):
+    if not o.init_from:
+        raise EvalInputError("--init_from=PATH|NAME is not given")
     name = resolve_init_from(o.init_from)
     if name != o.init_from:
         log(f"--init_from={o.init_from}: the known checkpoint {name}")

@@ -54,8 +54,11 @@ def restore(run: Run) -> tuple[RunState, int] | tuple[None, int]:
     except (CheckpointCorruptError, FileNotFoundError) as e:
         raise RunConfigError(f"{f'--resume_from={asked}: ' if asked is not None else ''}{e}") from None
     info = run.ckpt.last_restore
-    if info.skipped:
-        run.print(info.line(run.ckpt.directory))
+    if info is None:
+        raise RuntimeError("Checkpointer.restore returned without recording its RestoreInfo")
+    skipped = info.line(run.ckpt.directory)
+    if skipped is not None:
+        run.print(skipped)
     check_resumable(run.cfg, host["config"])
     run.results = host["results"]
     run.results["resumed_from_step"] = info.step

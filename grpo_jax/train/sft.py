@@ -105,12 +105,13 @@ def sft_train(
     params = jax.tree.map(jnp.copy, params)  # the caller's params are not donated
 
     raw: list[dict[str, jax.Array]] = []
-    perm = None
+    perm: jax.Array | None = None
     t0 = time.perf_counter()
     for i in range(steps):
         epoch, j = divmod(i, per_epoch)
         if j == 0:
             perm = jax.random.permutation(rng_lib.derive(key, epoch, "shuffle"), n)
+        assert perm is not None  # drawn at each epoch's first step, i = 0 included
         batch = _gather(arrays, perm[j * bs : (j + 1) * bs])
         params, opt_state, metrics = step_fn(params, opt_state, batch)
         raw.append(metrics)

@@ -41,7 +41,7 @@ class TrainState:
     ent_ctrl: Any  # controller state; .coef is the entropy-bonus coefficient
     rng: dict[str, jax.Array]  # named PRNG streams (raw uint32 key data, checkpointable)
 
-    def key(self, stream: str, *names: int | str) -> jax.Array:
+    def key(self, stream: str, *names: int | str | jax.Array) -> jax.Array:
         """The key of `stream` for the current step (then `names`, see grpo_jax.rng.derive)."""
         return rng_lib.derive(self.rng[stream], self.step, *names)
 

@@ -29,6 +29,7 @@ sum exactly to the mini-batch's (tests/test_microbatch.py).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -102,14 +103,20 @@ def make_train_step(
     """
     algorithm = make_algorithm(obj)
     check_arguments(model, obj, algorithm, micro_batches, logp_fn, pack_tokens)
-    policy = logp_fn or policy_logp_fn(model)
-    packed_policy = packed.packed_policy_fn(model) if pack_tokens else None
+    if logp_fn is None:
+        if model is None:  # (check_arguments refused it already)
+            raise ValueError("make_train_step: give exactly one of model and logp_fn")
+        logp_fn = policy_logp_fn(model)
+    policy = logp_fn
+    packed_policy = packed.packed_policy_fn(model) if pack_tokens and model is not None else None
 
     def forward(params, frozen, batch: RolloutBatch, layout=None) -> PolicyOutputs:
         full = params if param_fn is None else param_fn(params, frozen)
         if layout is None:
             out = policy(full, batch.prompt, batch.prompt_mask, batch.completions, temperature)
         else:
+            if packed_policy is None:
+                raise ValueError("make_train_step: a packed layout needs pack_tokens > 0")
             out = packed_policy(full, batch.prompt, batch.prompt_mask, layout, temperature)
         if algorithm.needs_values and (len(out) != 3 or out[2] is None):
             raise ValueError(
@@ -178,7 +185,9 @@ def compiled(step, shardings: tuple | None, packed: bool):
     def sharded_step(state: TrainState, batch: RolloutBatch, frozen: Any = None, layout=None):
         return jitted(state, batch, frozen, layout)  # positional: in_shardings covers every argument
 
-    sharded_step._cache_size = jitted._cache_size
+    # the ignore: `_cache_size` is jax's private attribute of a jitted function (not in JitWrapped's stubs),
+    # and mypy lets no function carry an attribute
+    sharded_step._cache_size = jitted._cache_size  # type: ignore[attr-defined]
     return sharded_step
 
 
@@ -250,7 +259,9 @@ def train_step(e: Engine, state: TrainState, batch: RolloutBatch, frozen: Any, l
         ref = None
         if e.obj.uses_reference:
             ref = sg(e.forward(state.ref_params, frozen, batch, first_layout(layout)).logp)
-        old = OldStats(None, None, None, ref)  # the rest comes from the first update
+        # the rest comes from the first update (FirstUpdate): this placeholder's None leaves are never read,
+        # so OldStats keeps its arrays' types (the ignore)
+        old = OldStats(None, None, None, ref)  # type: ignore[arg-type]
         coefs = signals = None
     else:
         old = no_grad_pass(e, state, frozen, batch, layout)
@@ -274,12 +285,15 @@ def prepare(batch: RolloutBatch, obj: ObjectiveConfig):
     so its member leaves the group (and is counted in the metrics); then DAPO's overlong shaping (L_max =
     obj.loss.max_len, the run's max_new_tokens) and the tokens that enter the loss."""
     finite = jnp.isfinite(batch.rewards)
-    batch = batch.replace(
+    batch = dataclasses.replace(
+        batch,
         rewards=jnp.where(finite, batch.rewards, 0.0),
         group_mask=batch.group_mask * finite.astype(jnp.float32),
     )
     rewards = batch.rewards
     if obj.overlong_cache_len > 0:
+        if obj.loss.max_len is None:  # (make_train_step's check_arguments refuses it)
+            raise ValueError("make_train_step: overlong_cache_len needs obj.loss.max_len (L_max) to be set")
         lengths = batch.completion_mask.sum(-1)
         rewards = rewards + soft_overlong_punishment(
             lengths, max_len=obj.loss.max_len, cache_len=obj.overlong_cache_len
@@ -477,7 +491,8 @@ def finish(e: Engine, state, rows: Rows, finite, aux, tokens, grad_norms, params
     metrics.update(objective_metrics(e.obj, rows, loss_aux))
     metrics.update(extra)
     outputs = {"advantages": seq_adv, "rewards": rows.rewards, **extra_outputs}
-    new_state = state.replace(
+    new_state = dataclasses.replace(
+        state,
         step=state.step + 1,
         params=params,
         opt_state=opt_state,
