@@ -46,6 +46,8 @@ import time
 
 from absl import app, flags
 
+from grpo_jax import atomic
+
 FLAGS = flags.FLAGS
 
 
@@ -315,11 +317,7 @@ def check_warm_starts(grid: dict, configs: dict) -> None:
 
 
 def write_json_atomic(path: str, obj) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic.write_json(path, obj, indent=1)
 
 
 class Sweep:

@@ -36,7 +36,7 @@ class Rule(NamedTuple):
 
 
 # neutral modules: policies may import them; they import nothing of grpo_jax but each other
-NEUTRAL = ("types", "rng", "errors")
+NEUTRAL = ("types", "rng", "errors", "atomic")
 
 # fmt: off
 RULES = {

@@ -33,15 +33,14 @@ import importlib.metadata
 import importlib.util
 import json
 import math
-import os
 import sys
-import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from grpo_jax import atomic
 from grpo_jax.codegen.timelimits import cache_dir as _grpo_cache_dir
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox import grading
@@ -518,20 +517,13 @@ def cache_path(
 
 
 def _write_cache(path: Path, header: dict, records: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw, gzip.open(raw, "wt", encoding="utf-8") as f:
+    def write(raw) -> None:
+        with gzip.open(raw, "wt", encoding="utf-8") as f:  # closes the gzip stream, not `raw`
             f.write(json.dumps(dict(header, kind="header"), sort_keys=True) + "\n")
             for r in records:
                 f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    atomic.write_with(path, write)
 
 
 def read_cache(path: str | Path) -> tuple[dict, list[dict]]:

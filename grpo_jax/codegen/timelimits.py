@@ -17,10 +17,10 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from grpo_jax import atomic
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox import grading
@@ -107,11 +107,7 @@ def _load(path: Path) -> dict:
 def _save(path: Path, data: dict) -> None:
     """Atomic write; a cache that cannot be written is only a cost (the figures are measured again)."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        atomic.write_json(path, data, newline=False)
     except OSError:
         pass
 

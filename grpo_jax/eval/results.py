@@ -5,10 +5,9 @@ output directory written atomically (nothing on an error)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Any
 
+from grpo_jax import atomic
 from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.passk import pass_at_k
 
@@ -115,18 +114,5 @@ def turn_summaries(details: dict, n: int, ks, max_turns: int, seed: int = 0) -> 
 
 def write_dir_atomic(out_dir: str, files: dict[str, str]) -> None:
     """Every file of `files` ({name: text}) in a temporary directory next to `out_dir`, renamed to it when
-    complete: on any error nothing is left (never a half-written result)."""
-    import shutil
-
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    tmp = tempfile.mkdtemp(prefix=f".tmp-{os.path.basename(os.path.abspath(out_dir))}-", dir=parent)
-    try:
-        for name, text in files.items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-        os.rename(tmp, out_dir)  # onto a missing or empty directory (check_out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    complete (onto a missing or empty directory: check_out_dir): on any error nothing is left."""
+    atomic.write_dir(out_dir, files)

@@ -8,11 +8,10 @@ from __future__ import annotations
 import collections
 import json
 import os
-import tempfile
 import time
 from typing import Any
 
-from grpo_jax import data
+from grpo_jax import atomic, data
 from grpo_jax.codegen import datasets
 from grpo_jax.codegen.jobs import jobs_for
 from grpo_jax.codegen.passk import pass_at_k
@@ -90,18 +89,7 @@ def summarize(results: list[dict], ks: list[int], keys: list[str] | None = None)
 
 
 def write_atomic(path: str, lines: list[str]) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".jsonl")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic.write_text(path, "".join(lines))
 
 
 def grade_samples_file(

@@ -61,6 +61,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from grpo_jax import atomic
+
 log = logging.getLogger(__name__)
 
 STATE_ITEM = "state"
@@ -285,13 +287,10 @@ class Checkpointer:
         for rel in _step_files(step_dir):
             full = os.path.join(step_dir, rel)
             files[rel] = {"sha256": _sha256(full), "size": os.path.getsize(full)}
-        path = os.path.join(step_dir, CHECKSUMS_FILE)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"step": step, "algorithm": "sha256", "files": files}, f, indent=0, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        doc = {"step": step, "algorithm": "sha256", "files": files}
+        atomic.write_json(
+            os.path.join(step_dir, CHECKSUMS_FILE), doc, newline=False, indent=0, sort_keys=True
+        )
 
     def _delete(self, step: int) -> None:
         self._mngr.delete(step)

@@ -28,12 +28,13 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from grpo_jax import atomic
 
 # -- small helpers -------------------------------------------------------------------------------------------
 
@@ -74,22 +75,8 @@ def _dumps(obj: Any) -> str:
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Write JSON to `path` via a temp file in the same directory + rename: never a half-written file."""
-    path = os.fspath(path)
-    d = os.path.dirname(os.path.abspath(path))
-    os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=d)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(_to_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False))
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """JSON (indent 2, no NaN, UTF-8) to `path` atomically (grpo_jax.atomic): never a half-written file."""
+    atomic.write_json(path, _to_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)
 
 
 def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
@@ -156,10 +143,7 @@ def _drop_lines_from_step(path: str, purge_step: int) -> None:
             if isinstance(step, int) and step >= purge_step:
                 continue
             kept.append(line if line.endswith("\n") else line + "\n")
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(kept))
 
 
 class MetricsLogger:
