@@ -239,7 +239,7 @@ def test_hub_style_config_reads_the_same(built):
          "rope_parameters.rope_type", "'yarn'"),
         ("llama3_scaled", {"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling.rope_type",
          "'linear'"),
-        ("llama_sharded", {"model_type": "mistral"}, "model_type", "'mistral'"),
+        ("llama_sharded", {"model_type": "mixtral"}, "model_type", "'mixtral'"),
         ("qwen3", {"model_type": "qwen3_moe"}, "model_type", "'qwen3_moe'"),
         ("qwen3", {"num_experts": 8}, "num_experts", "8"),
         ("llama_sharded", {"hidden_act": "gelu"}, "hidden_act", "'gelu'"),

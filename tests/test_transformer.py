@@ -325,8 +325,8 @@ def test_ext_config_validation():
         tfm.TransformerConfig(**base, family="qwen3")
     with pytest.raises(ValueError, match=r"TransformerConfig.family='qwen2'"):
         tfm.TransformerConfig(**base, family="qwen2")
-    with pytest.raises(ValueError, match=r"TransformerConfig.family='mistral': valid: None, llama"):
-        tfm.TransformerConfig(**base, family="mistral")
+    with pytest.raises(ValueError, match=r"TransformerConfig.family='mixtral': valid: None, llama"):
+        tfm.TransformerConfig(**base, family="mixtral")
     with pytest.raises(ValueError, match=r"TransformerConfig.max_position_embeddings=0"):
         tfm.TransformerConfig(**base, max_position_embeddings=0)
     # rebuilt from dataclasses.asdict (JSON): the dict becomes the hashable RopeScaling again

@@ -14,12 +14,13 @@ does not matter, only `valid`. Attention over the valid slots with positions cou
 computation of the trainer's forward pass over the packed sequence (prompt | reply | feedback | reply, no
 gaps), up to float rounding of the sums: tests/test_continuation.py checks the log-probs against it.
 `prefill_rows` builds a RowCache from token contexts (for evaluation, whose first turn keeps no cache).
+A sliding-window layer (Mistral, Gemma) sees the keys within its window of the query's position; a slot's
+position is the number of valid slots before it (`slot_positions`), as the packed sequence counts them.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import jax
@@ -68,18 +69,32 @@ def prefill_rows(params, cfg: tfm.TransformerConfig, ctx: jax.Array, ctx_mask: j
     ), logits
 
 
+def slot_positions(valid: jax.Array) -> jax.Array:
+    """[R, S] int32: the position of each slot's token, the number of valid slots before it (slots are
+    appended in order, so this is the position the packed sequence gives it; invalid slots: unused)."""
+    return jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1
+
+
+def _layer_contexts(cfg, pos, masks_of):
+    """Per attention variant: (RoPE tables of the new tokens' positions `pos` [R, F], the blocks' masks
+    masks_of(window)) (unrolled layers: cfg.layer_variant picks a layer's)."""
+    return tfm.attention_contexts(
+        cfg, lambda window, rope, identity: (tfm.rope_of(cfg, rope, pos, identity), masks_of(window)), False
+    )
+
+
 def _project(cfg, lp, x, pos, dtype):
     """q [R, F, K, g, Dh] and the new tokens' k, v [R, K, F, Dh] of a layer for tokens x [R, F, D]."""
-    q, k, v = tfm._qkv(cfg, lp, tfm.rms_norm(x, lp["attn_norm"], cfg.rms_eps), pos, dtype)
+    q, k, v = tfm._qkv(cfg, lp, tfm.norm(cfg, x, lp["attn_norm"]), pos, dtype)
     return q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
 
 
 def _finish(cfg, lp, x, q, blocks, dtype):
     """The rest of the layer: attention of q over `blocks` [(keys [R, K, S, Dh], values, mask broadcastable
     to [R, K, g, F, S])] with one joint softmax, the output projection and the MLP."""
-    scale = 1.0 / math.sqrt(cfg.dim_head)
+    scale = cfg.attn_scale
     sc = [
-        jnp.einsum("rtkgd,rksd->rkgts", q, k, preferred_element_type=jnp.float32) * scale
+        tfm._scores(cfg, jnp.einsum("rtkgd,rksd->rkgts", q, k, preferred_element_type=jnp.float32) * scale)
         for k, _, _ in blocks
     ]
     w = tfm._softmax_attend(sc, [m for _, _, m in blocks])
@@ -96,13 +111,24 @@ def extend(params, cfg: tfm.TransformerConfig, rc: RowCache, tokens: jax.Array, 
     m = mask.astype(bool)
     f = tokens.shape[1]
     pos = rc.npos[:, None] + jnp.maximum(jnp.cumsum(m, axis=1) - 1, 0).astype(jnp.int32)
-    x = params["embed"][tokens].astype(dtype)
     old = rc.valid[:, None, None, None, :]
     own = jnp.tril(jnp.ones((f, f), bool))[None, None, None] & m[:, None, None, None, :]
+
+    def masks(window):  # (old slots, own tokens) as seen by a layer with this sliding window
+        if window is None:
+            return old, own
+        qp = pos[:, None, None, :, None]  # [R,1,1,F,1]
+        kp = slot_positions(rc.valid)[:, None, None, None, :]
+        kq = jnp.swapaxes(qp, -1, -2)  # the new tokens as keys [R,1,1,1,F]
+        return old & tfm.within_window(qp, kp, window), own & tfm.within_window(qp, kq, window)
+
+    contexts = _layer_contexts(cfg, pos, masks)
+    x = tfm.embed_tokens(cfg, params, tokens, dtype)
     ks, vs = [], []
     for i, lp in enumerate(tfm.split_layers(params)):
-        q, k, v = _project(cfg, lp, x, pos, dtype)
-        x = _finish(cfg, lp, x, q, [(rc.k[i], rc.v[i], old), (k, v, own)], dtype)
+        rot, (old_i, own_i) = contexts[cfg.layer_variant[i]]
+        q, k, v = _project(cfg, lp, x, rot, dtype)
+        x = _finish(cfg, lp, x, q, [(rc.k[i], rc.v[i], old_i), (k, v, own_i)], dtype)
         ks.append(jnp.concatenate([rc.k[i], k.astype(rc.k[i].dtype)], axis=2))
         vs.append(jnp.concatenate([rc.v[i], v.astype(rc.v[i].dtype)], axis=2))
     n = jnp.sum(m, axis=1).astype(jnp.int32)
@@ -125,16 +151,26 @@ def decode(params, cfg, rc: RowCache, logits, key, sp, *, max_new: int, eos_id, 
     slots = jnp.arange(s0 + max_new)
     cdt = tfm._dt(cfg.compute_dtype)
 
+    # each slot's position: the kept slots' as counted over them, reply token j at npos + j
+    kpos = jnp.concatenate([slot_positions(rc.valid), rc.npos[:, None] + jnp.arange(max_new)], axis=1)
+
     def step(cache, tok, t):  # token t of every row ([R, 1]) into slot s0 + t
         nk, nv = list(cache[0]), list(cache[1])
-        x = params["embed"][tok].astype(cdt)  # [R,1,D]
         pos = (rc.npos + t)[:, None]
         mask = (valid | ((slots >= s0) & (slots <= s0 + t))[None])[:, None, None, None, :]
+
+        def masks(window):
+            near = tfm.within_window(pos, kpos, window)
+            return mask if window is None else mask & near[:, None, None, None]
+
+        contexts = _layer_contexts(cfg, pos, masks)
+        x = tfm.embed_tokens(cfg, params, tok, cdt)  # [R,1,D]
         for i, lp in enumerate(layers):
-            q, k, v = _project(cfg, lp, x, pos, cdt)
+            rot, mask_i = contexts[cfg.layer_variant[i]]
+            q, k, v = _project(cfg, lp, x, rot, cdt)
             nk[i] = jax.lax.dynamic_update_slice(nk[i], k.astype(dtype), (0, 0, s0 + t, 0))
             nv[i] = jax.lax.dynamic_update_slice(nv[i], v.astype(dtype), (0, 0, s0 + t, 0))
-            x = _finish(cfg, lp, x, q, [(nk[i], nv[i], mask)], cdt)
+            x = _finish(cfg, lp, x, q, [(nk[i], nv[i], mask_i)], cdt)
         lg, _ = tfm._head(cfg, params, x[:, 0])
         return (tuple(nk), tuple(nv)), lg[:, None]
 

@@ -14,7 +14,9 @@ static sampler writes). A sample that starts at step t0 writes its token j at co
 never a column it still needs (it ends within T tokens); inserting a sample invalidates the slot's earlier
 columns. Keys are stored rotated at the sample's own positions, so where a column lies does not matter, only
 `valid` does: the attention of a slot is the attention of the trainer's forward pass over prompt + tokens
-so far (tests/test_engines.py checks the behaviour log-probs against it).
+so far (tests/test_engines.py checks the behaviour log-probs against it). A sliding-window layer (Mistral,
+Gemma) also needs each column's position (`pos`): it attends to the columns whose position is within the
+window of the query's.
 
 Token choice: token j of a sample draws with the uniforms of fold_in(sample key, j) (`row_uniforms`), so a
 sample's tokens depend on its key, its prompt and the weights only, not on the slot, the slot count or the
@@ -24,7 +26,6 @@ choice (temperature, top-k / top-p, greedy, the behaviour log-probs) is the stat
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
@@ -53,6 +54,7 @@ class Slots(NamedTuple):
     k: tuple[jax.Array, ...]  # L arrays [R, K, C, Dh] float32 (C = P + T)
     v: tuple[jax.Array, ...]
     valid: jax.Array  # [R, C] bool: the columns that hold the slot's sample
+    pos: jax.Array  # [R, C] int32: each column's RoPE position (read by sliding-window layers)
     npos: jax.Array  # [R] int32: RoPE position of the next token fed (real tokens so far)
     n: jax.Array  # [R] int32: tokens the slot's sample has drawn
     active: jax.Array  # [R] bool
@@ -70,6 +72,7 @@ def init_slots(cfg: tfm.TransformerConfig, rows: int, prompt_len: int, max_new: 
         k=zeros,
         v=tuple(jnp.zeros(shape, jnp.float32) for _ in range(cfg.n_layers)),
         valid=jnp.zeros((rows, c), bool),
+        pos=jnp.zeros((rows, c), jnp.int32),
         npos=jnp.zeros((rows,), jnp.int32),
         n=jnp.zeros((rows,), jnp.int32),
         active=jnp.zeros((rows,), bool),
@@ -119,10 +122,13 @@ def insert(
         for a, b in zip(slots.v, pc.v, strict=True)
     )
     cols = jnp.concatenate([pc.mask[prompt_idx] > 0, jnp.zeros((prompt_idx.shape[0], t_cols), bool)], axis=1)
+    ppos = tfm.prompt_positions(pc.mask[prompt_idx] > 0)
+    pos = jnp.concatenate([ppos, jnp.zeros((prompt_idx.shape[0], t_cols), jnp.int32)], axis=1)
     return slots._replace(
         k=k,
         v=v,
         valid=slots.valid.at[slot_idx].set(cols, **put),
+        pos=slots.pos.at[slot_idx].set(pos, **put),
         npos=slots.npos.at[slot_idx].set(pc.length[prompt_idx], **put),
         n=slots.n.at[slot_idx].set(0, **put),
         active=slots.active.at[slot_idx].set(True, **put),
@@ -144,13 +150,17 @@ def row_uniforms(keys: jax.Array, n: jax.Array) -> jax.Array:
     return 1.0 - u.T
 
 
-def _attend(q: jax.Array, ck: jax.Array, cv: jax.Array, valid: jax.Array, scale: float) -> jax.Array:
+def _attend(
+    q: jax.Array, ck: jax.Array, cv: jax.Array, valid: jax.Array, scale: float, cap: float | None = None
+) -> jax.Array:
     """One query per slot, q [R, 1, K, g, Dh], over the slot's columns ck / cv [R, K, C, Dh] where `valid`
     [R, C], in float32, as multiply-and-reduce loops: XLA:CPU runs these one-row products ~3x faster than
     batched dots of [g, Dh] x [Dh, C] (SmolLM2, 32 slots x 832 columns: the decode step 113 against 248 ms;
-    WORKSPACE.md section 6). Returns [R, 1, K, g, Dh] float32."""
+    WORKSPACE.md section 6). `cap`: the scores' soft-cap (Gemma 2). Returns [R, 1, K, g, Dh] float32."""
     qf = q[:, 0].astype(jnp.float32)  # [R, K, g, Dh]
     s = jnp.sum(qf[:, :, :, None, :] * ck[:, :, None].astype(jnp.float32), axis=-1) * scale  # [R, K, g, C]
+    if cap is not None:
+        s = tfm.softcap(s, cap)
     (w,) = tfm._softmax_attend([s], [valid[:, None, None, :]])
     return jnp.sum(w[..., None] * cv[:, :, None].astype(jnp.float32), axis=-2)[:, None]
 
@@ -162,18 +172,25 @@ def decode_step(params, cfg: tfm.TransformerConfig, slots: Slots, tok: jax.Array
     c = slots.valid.shape[1]
     col = prompt_len + slots.t % (c - prompt_len)
     valid = jax.lax.dynamic_update_slice(slots.valid, slots.active[:, None], (0, col))
-    rot = tfm._rot(cfg, slots.npos[:, None])
-    x = params["embed"][tok][:, None, :].astype(dtype)
-    scale = 1.0 / math.sqrt(cfg.dim_head)
+    pos = jax.lax.dynamic_update_slice(slots.pos, slots.npos[:, None], (0, col))
+
+    def context(window, rope, identity):  # (RoPE tables, valid columns) of a layer variant
+        seen = valid if window is None else valid & tfm.within_window(slots.npos[:, None], pos, window)
+        return tfm.rope_of(cfg, rope, slots.npos[:, None], identity), seen
+
+    contexts = tfm.attention_contexts(cfg, context, stacked=False)
+    x = tfm.embed_tokens(cfg, params, tok, dtype)[:, None, :]
+    scale = cfg.attn_scale
     ks, vs = list(slots.k), list(slots.v)
     for i, lp in enumerate(layers):
-        q, k, v = tfm._qkv(cfg, lp, tfm.rms_norm(x, lp["attn_norm"], cfg.rms_eps), rot, dtype)
+        rot, seen = contexts[cfg.layer_variant[i]]
+        q, k, v = tfm._qkv(cfg, lp, tfm.norm(cfg, x, lp["attn_norm"]), rot, dtype)
         ks[i] = jax.lax.dynamic_update_slice(ks[i], jnp.swapaxes(k, 1, 2).astype(ks[i].dtype), (0, 0, col, 0))
         vs[i] = jax.lax.dynamic_update_slice(vs[i], jnp.swapaxes(v, 1, 2).astype(vs[i].dtype), (0, 0, col, 0))
-        o = _attend(q, ks[i], vs[i], valid, scale)
+        o = _attend(q, ks[i], vs[i], seen, scale, cfg.attn_softcap)
         x = tfm._mlp(cfg, lp, tfm._out_proj(cfg, lp, x, o.astype(dtype), dtype), dtype)
     logits, _ = tfm._head(cfg, params, x[:, 0])
-    return slots._replace(k=tuple(ks), v=tuple(vs), valid=valid), logits.astype(jnp.float32)
+    return slots._replace(k=tuple(ks), v=tuple(vs), valid=valid, pos=pos), logits.astype(jnp.float32)
 
 
 class Chunk(NamedTuple):

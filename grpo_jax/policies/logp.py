@@ -206,10 +206,42 @@ def make_logp_fn(cfg: tfm.TransformerConfig, chunk: int, with_values: bool = Fal
     return logp_fn
 
 
+def capped_token_logp(hidden, head_w, tokens, temperature, *, cap: float, chunk: int):
+    """(logp of `tokens`, entropy) under softmax(cap * tanh((hidden · head_w) / cap) / temperature): the LM
+    head of a model with soft-capped logits (Gemma 2 / 3, cfg.final_softcap), float32. chunk > 0: `chunk`
+    positions at a time (a `lax.map` over chunks, each rematerialised in the backward by jax.checkpoint), so
+    neither pass holds more than [chunk, V] logits; the custom rule of `chunked_token_logp` knows no
+    soft-cap, and this form (measured there as "checkpointed scan", module docstring) bounds memory the same
+    way at some extra time."""
+
+    def one(h, tok, w):
+        logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=f32)
+        return tfm.token_logp(tfm.softcap(logits, cap), tok, temperature)
+
+    if not chunk:
+        return one(hidden, tokens, head_w)
+    lead, d = hidden.shape[:-1], hidden.shape[-1]
+    n = 1
+    for s in lead:
+        n *= s
+    c = min(chunk, n)
+    n_chunks = -(-n // c)
+    h = jnp.pad(hidden.reshape(n, d), ((0, n_chunks * c - n), (0, 0)))
+    tok = jnp.pad(tokens.reshape(n).astype(jnp.int32), (0, n_chunks * c - n))
+    one_ckpt = jax.checkpoint(one)
+    logp, ent = jax.lax.map(
+        lambda xs: one_ckpt(xs[0], xs[1], head_w), (h.reshape(n_chunks, c, d), tok.reshape(n_chunks, c))
+    )
+    return logp.reshape(-1)[:n].reshape(lead), ent.reshape(-1)[:n].reshape(lead)
+
+
 def head_token_logp(params, cfg: tfm.TransformerConfig, hidden, tokens, temperature, chunk: int):
     """(logp of `tokens`, entropy) of the LM head over final-norm states `hidden` [..., D]: chunked
-    (`chunked_token_logp`, vocab-major for a tied head) when chunk > 0, else full float32 logits."""
+    (`chunked_token_logp`, vocab-major for a tied head) when chunk > 0, else full float32 logits; soft-capped
+    logits (cfg.final_softcap) through `capped_token_logp`."""
     w = tfm.head_weight(params, cfg)  # [D, V]
+    if cfg.final_softcap is not None:
+        return capped_token_logp(hidden, w, tokens, temperature, cap=cfg.final_softcap, chunk=chunk)
     if not chunk:
         logits = jnp.matmul(hidden, w.astype(hidden.dtype), preferred_element_type=f32)
         return tfm.token_logp(logits, tokens, temperature)

@@ -1,12 +1,28 @@
-"""Decoder-only transformer LM of the Llama / Qwen2 / Qwen3 family, as pure functions over a parameter pytree.
+"""Decoder-only transformer LM (Llama / Qwen2 / Qwen3 / Mistral / SmolLM3 / Gemma 2 / Gemma 3), as pure
+functions over a parameter pytree.
 
 Architecture (Qwen2 = Llama + q/k/v bias): token embedding -> L x [RMSNorm -> GQA self-attention with RoPE
 -> residual -> RMSNorm -> SwiGLU MLP -> residual] -> RMSNorm -> LM head (tied to the embedding or untied),
 plus an optional scalar value head on the final hidden state (for PPO). Options for real checkpoints (all off
 by default, leaving the default model bit-identical): per-head q/k RMSNorm before RoPE (Qwen3, `qk_norm`),
-an o_proj bias (Llama `attention_bias=True` biases q, k, v AND o: `qkv_bias` + `o_bias`), and Llama 3.1 RoPE
-frequency scaling (`rope_scaling=RopeScaling(...)`). grpo_jax.pretrained.hf loads / saves Hugging Face
-checkpoints.
+an o_proj bias (Llama `attention_bias=True` biases q, k, v AND o: `qkv_bias` + `o_bias`), Llama 3.1 RoPE
+frequency scaling (`rope_scaling=RopeScaling(...)`), and the options of the later families (each a Python
+branch on a static config field, so a config without them traces the very same program):
+
+* sliding-window attention on the layers `layer_types` marks "sliding_attention" (Mistral: every layer;
+  Gemma: interleaved with global layers), window `sliding_window`: a query at position p attends to keys at
+  positions p - window < p' <= p, positions counted over real tokens (a left-padded row's pads do not count);
+* per-layer RoPE: `rope_local_theta` (Gemma 3's base for its sliding layers), `no_rope_layers` (SmolLM3's
+  layers without RoPE);
+* Gemma's (1 + w) RMSNorm (`norm_offset=1.0`), GeGLU MLP (`mlp_act="gelu_tanh"`), embeddings scaled by
+  sqrt(d_model) (`embed_scale`), attention scale query_pre_attn_scalar^-0.5, post-attention / post-MLP norms
+  (`post_norms`), tanh soft-capping of the attention scores (`attn_softcap`, Gemma 2) and of the logits
+  (`final_softcap`).
+
+Layers that differ (sliding / global, RoPE base, RoPE or none) stay ONE stacked `lax.scan`: each distinct
+kind of layer is an attention "variant" (`attention_variants`), whose RoPE tables and mask are computed once
+per forward; the scan picks its layer's by index. grpo_jax.pretrained.hf loads / saves Hugging Face
+checkpoints of the families in grpo_jax.policies.families.
 
 Parameters are a plain nested dict; per-layer leaves are STACKED with a leading axis L, so the training
 forward is one `lax.scan` over layers (compile time independent of depth) and the pool (grpo_jax.pool) can
@@ -33,12 +49,15 @@ L layers, H query heads, K kv heads (H % K == 0), Dh head dim, D model width, F 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from grpo_jax.policies import families
 
 Params = dict[str, Any]
 
@@ -74,7 +93,13 @@ class RopeScaling:
             bad("original_max_position_embeddings", "must be a positive integer")
 
 
-FAMILIES = ("llama", "qwen2", "qwen3")  # Hugging Face model_type values the config can be exported as
+# Hugging Face model_type values a config can be exported as: the family registry's (its modules, which
+# import this one, load on first use)
+FAMILIES = families.FAMILIES
+ATTENTION_TYPES = ("full_attention", "sliding_attention")  # layer_types values (Hugging Face's names)
+MLP_ACTIVATIONS = ("silu", "gelu_tanh")  # SwiGLU (Llama, Qwen, Mistral, SmolLM3); GeGLU (Gemma)
+# RoPE of a layer: the model's (rope_theta, rope_scaling), Gemma 3's local base (rope_local_theta), none
+ROPE_MAIN, ROPE_LOCAL, ROPE_NONE = "main", "local", "none"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +130,19 @@ class TransformerConfig:
     rope_scaling: RopeScaling | None = None  # Llama 3.1 "llama3" frequency scaling; None = plain RoPE
     max_position_embeddings: int | None = None  # informative (config.json export); not enforced
     family: str | None = None  # HF model_type to export as (None: inferred by grpo_jax.pretrained.hf.save_hf)
+    # --- later families (Mistral, SmolLM3, Gemma 2 / 3); the defaults are the model above, bit for bit ---
+    sliding_window: int | None = None  # window of the "sliding_attention" layers (None: no such layer)
+    layer_types: tuple[str, ...] | None = None  # ATTENTION_TYPES per layer; None: every layer full attention
+    # (normalised: a tuple without "sliding_attention" becomes None, as an all-ones no_rope_layers does)
+    rope_local_theta: float | None = None  # Gemma 3: RoPE base of the sliding layers (no rope_scaling there)
+    no_rope_layers: tuple[int, ...] | None = None  # SmolLM3: per layer 1 = RoPE, 0 = no position encoding
+    norm_offset: float = 0.0  # RMSNorm scales by (norm_offset + w): Gemma's (1 + w) is 1.0
+    mlp_act: str = "silu"  # MLP_ACTIVATIONS: act(gate) * up with SiLU (SwiGLU) or tanh-GELU (GeGLU)
+    post_norms: bool = False  # Gemma 2 / 3: RMSNorm of the attention / MLP output before each residual add
+    embed_scale: bool = False  # Gemma: embeddings x sqrt(d_model), rounded to the embedding's dtype
+    query_pre_attn_scalar: float | None = None  # attention scale query_pre_attn_scalar^-0.5 (None: Dh^-0.5)
+    attn_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap) before the softmax
+    final_softcap: float | None = None  # Gemma 2 / 3: logits -> cap * tanh(logits / cap)
 
     def __post_init__(self):
         def bad(field, why):
@@ -130,29 +168,81 @@ class TransformerConfig:
             bad("rope_scaling", "must be None or a RopeScaling (rope_type 'llama3')")
         if self.max_position_embeddings is not None and int(self.max_position_embeddings) < 1:
             bad("max_position_embeddings", "must be None or a positive integer")
+        self._check_layers(bad)
         if self.family is not None:
-            if self.family not in FAMILIES:
-                bad("family", f"valid: None, {', '.join(FAMILIES)}")
-            if self.family == "qwen2" and (not self.qkv_bias or self.o_bias or self.qk_norm):
-                bad(
-                    "family",
-                    "qwen2 has q/k/v biases, no o_proj bias, no q/k norm: needs qkv_bias=True, "
-                    "o_bias=False, qk_norm=False",
-                )
-            if self.family in ("llama", "qwen3") and self.qkv_bias != self.o_bias:
-                bad(
-                    "family",
-                    f"{self.family}'s attention_bias biases q, k, v and o together: needs "
-                    f"qkv_bias == o_bias (got qkv_bias={self.qkv_bias}, o_bias={self.o_bias})",
-                )
-            if self.family == "llama" and self.qk_norm:
-                bad("family", "llama has no q/k norm: needs qk_norm=False (qwen3 has it)")
-            if self.family == "qwen3" and not self.qk_norm:
-                bad("family", "qwen3 always has the per-head q/k norm: needs qk_norm=True")
+            if self.family not in families.FAMILIES:
+                bad("family", f"valid: None, {', '.join(families.FAMILIES)}")
+            why = families.get(self.family).check(self)
+            if why:
+                bad("family", why)
+
+    def _check_layers(self, bad) -> None:
+        """The later families' fields. Lists (from JSON) become the hashable tuples a static config needs, and
+        per-layer tuples that change nothing (every layer full attention, every layer with RoPE) become None:
+        one config per model, so a config read back from its export compares equal."""
+        for f in ("layer_types", "no_rope_layers"):
+            if isinstance(getattr(self, f), list):
+                object.__setattr__(self, f, tuple(getattr(self, f)))
+        if self.layer_types is not None and set(self.layer_types) == {"full_attention"}:
+            object.__setattr__(self, "layer_types", None)
+        if self.no_rope_layers is not None and all(v == 1 for v in self.no_rope_layers):
+            object.__setattr__(self, "no_rope_layers", None)
+        n = int(self.n_layers)
+        if self.layer_types is not None:
+            if len(self.layer_types) != n or any(t not in ATTENTION_TYPES for t in self.layer_types):
+                bad("layer_types", f"must be None or {n} (n_layers) of {', '.join(ATTENTION_TYPES)}")
+        sliding = self.layer_types is not None and "sliding_attention" in self.layer_types
+        if sliding and (self.sliding_window is None or int(self.sliding_window) < 1):
+            bad("sliding_window", "must be a positive integer: layer_types has sliding_attention layers")
+        if self.sliding_window is not None and not sliding:
+            bad("sliding_window", "must be None unless layer_types has sliding_attention layers")
+        if self.rope_local_theta is not None and not (sliding and float(self.rope_local_theta) > 0):
+            bad("rope_local_theta", "must be None, or > 0 with sliding_attention layers (their RoPE base)")
+        if self.no_rope_layers is not None and (
+            len(self.no_rope_layers) != n or any(v not in (0, 1) for v in self.no_rope_layers)
+        ):
+            bad("no_rope_layers", f"must be None or {n} (n_layers) flags, 1 = RoPE, 0 = none")
+        if self.mlp_act not in MLP_ACTIVATIONS:
+            bad("mlp_act", f"valid: {', '.join(MLP_ACTIVATIONS)}")
+        for f in ("query_pre_attn_scalar", "attn_softcap", "final_softcap"):
+            if getattr(self, f) is not None and not float(getattr(self, f)) > 0:
+                bad(f, "must be None or > 0")
 
     @property
     def dim_head(self) -> int:
         return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
+
+    @property
+    def attn_scale(self) -> float:
+        """The attention scores' scale: 1 / sqrt(Dh), or query_pre_attn_scalar^-0.5 (Gemma's, as HF computes
+        it)."""
+        if self.query_pre_attn_scalar is not None:
+            return float(self.query_pre_attn_scalar) ** -0.5
+        return 1.0 / math.sqrt(self.dim_head)
+
+    def layer_attention(self, i: int) -> tuple[int | None, str]:
+        """Layer i's attention kind: (its sliding window or None, its RoPE: ROPE_MAIN, ROPE_LOCAL or
+        ROPE_NONE)."""
+        sliding = self.layer_types is not None and self.layer_types[i] == "sliding_attention"
+        if self.no_rope_layers is not None and not self.no_rope_layers[i]:
+            rope = ROPE_NONE
+        elif sliding and self.rope_local_theta is not None:
+            rope = ROPE_LOCAL
+        else:
+            rope = ROPE_MAIN
+        return (int(self.sliding_window) if sliding else None, rope)
+
+    @functools.cached_property  # (read per layer while tracing the unrolled decode loops)
+    def attention_variants(self) -> tuple[tuple[int | None, str], ...]:
+        """The distinct `layer_attention` kinds, in order of first use: ((None, ROPE_MAIN),) for a model whose
+        layers all attend alike (Llama, Qwen: the one-variant paths, unchanged)."""
+        return tuple(dict.fromkeys(self.layer_attention(i) for i in range(self.n_layers)))
+
+    @functools.cached_property
+    def layer_variant(self) -> tuple[int, ...]:
+        """Each layer's index into `attention_variants`."""
+        index = {v: j for j, v in enumerate(self.attention_variants)}
+        return tuple(index[self.layer_attention(i)] for i in range(self.n_layers))
 
     @property
     def group(self) -> int:
@@ -170,7 +260,7 @@ class TransformerConfig:
         )
         attn = d * h * dh * 2 + d * k * dh * 2 + (h * dh + 2 * k * dh if self.qkv_bias else 0)
         attn += (d if self.o_bias else 0) + (2 * dh if self.qk_norm else 0)
-        layer = attn + 3 * d * f + 2 * d
+        layer = attn + 3 * d * f + (4 * d if self.post_norms else 2 * d)
         head = 0 if self.tie_embeddings else d * v
         return n * layer + v * d + d + head + (d + 1 if self.value_head else 0)
 
@@ -256,7 +346,13 @@ def init_params(cfg: TransformerConfig, key: jax.Array) -> Params:
     if cfg.qk_norm:
         layers["q_norm"] = jnp.ones((n, dh), pd)
         layers["k_norm"] = jnp.ones((n, dh), pd)
-    params: Params = {"embed": normal((v, d), std), "layers": layers, "final_norm": jnp.ones((d,), pd)}
+    if cfg.post_norms:
+        layers["attn_post_norm"] = jnp.ones((n, d), pd)
+        layers["mlp_post_norm"] = jnp.ones((n, d), pd)
+    if cfg.norm_offset:  # unit norms: the stored weight is 1 - offset (Gemma's (1 + w) RMSNorm stores 0)
+        layers = {k: (v - cfg.norm_offset if k.endswith("norm") else v) for k, v in layers.items()}
+    final_norm = jnp.full((d,), 1.0 - cfg.norm_offset, pd) if cfg.norm_offset else jnp.ones((d,), pd)
+    params: Params = {"embed": normal((v, d), std), "layers": layers, "final_norm": final_norm}
     if not cfg.tie_embeddings:
         params["lm_head"] = normal((d, v), std)
     if cfg.value_head:
@@ -268,11 +364,41 @@ def init_params(cfg: TransformerConfig, key: jax.Array) -> Params:
 # building blocks
 
 
-def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
-    """y = x / sqrt(mean(x^2) + eps) * w, computed in float32 (Zhang & Sennrich 2019; Llama/Qwen2)."""
+def rms_norm(x: jax.Array, w: jax.Array, eps: float, offset: float = 0.0) -> jax.Array:
+    """y = x / sqrt(mean(x^2) + eps) * (offset + w), computed in float32 (Zhang & Sennrich 2019; Llama/Qwen2;
+    Gemma's RMSNorm is offset 1: `output * (1.0 + self.weight.float())`, modeling_gemma3.py Gemma3RMSNorm)."""
     xf = x.astype(jnp.float32)
     y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
-    return (y * w.astype(jnp.float32)).astype(x.dtype)
+    wf = w.astype(jnp.float32)
+    if offset:
+        wf = offset + wf
+    return (y * wf).astype(x.dtype)
+
+
+def norm(cfg: TransformerConfig, x: jax.Array, w: jax.Array) -> jax.Array:
+    """The model's RMSNorm of x with weight w (eps and the (offset + w) convention from cfg)."""
+    return rms_norm(x, w, cfg.rms_eps, cfg.norm_offset)
+
+
+def embed_tokens(cfg: TransformerConfig, params: Params, tokens: jax.Array, dtype) -> jax.Array:
+    """The embedded tokens in the compute dtype. With cfg.embed_scale (Gemma) they are multiplied by
+    sqrt(d_model) first, in the embedding table's dtype with the scale rounded to it, as transformers does
+    (`Gemma3TextScaledWordEmbedding`: `embed(ids) * embed_scale.to(weight.dtype)`, the scale a float32
+    tensor of hidden_size**0.5)."""
+    x = params["embed"][tokens]
+    if cfg.embed_scale:
+        x = x * jnp.asarray(np.float32(cfg.d_model**0.5)).astype(x.dtype)
+    return x.astype(dtype)
+
+
+def softcap(x: jax.Array, cap: float) -> jax.Array:
+    """cap * tanh(x / cap): Gemma 2's soft-capping of attention scores and logits (float32)."""
+    return jnp.tanh(x / cap) * cap
+
+
+def _scores(cfg: TransformerConfig, s: jax.Array) -> jax.Array:
+    """Attention scores (already scaled, float32) after the optional soft-capping (cfg.attn_softcap)."""
+    return s if cfg.attn_softcap is None else softcap(s, cfg.attn_softcap)
 
 
 def _transposed(x: jax.Array) -> jax.Array:
@@ -472,19 +598,50 @@ def _rot(cfg: TransformerConfig, positions: jax.Array) -> RopeTables:
     return rope_tables(positions, cfg.dim_head, cfg.rope_theta, cfg.rope_scaling)
 
 
-def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array | RopeTables, dtype):
-    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated by
-    the RopeTables of their positions, or by integer positions [..., S]).
+def rope_of(
+    cfg: TransformerConfig, kind: str, positions: jax.Array, identity: bool = False
+) -> RopeTables | None:
+    """The RoPE tables of integer positions [..., S] for a layer whose RoPE is `kind` (cfg.layer_attention):
+    ROPE_MAIN the model's (rope_theta, rope_scaling), ROPE_LOCAL Gemma 3's sliding layers' base
+    rope_local_theta without scaling (transformers: rope_parameters["sliding_attention"]), ROPE_NONE none
+    (SmolLM3's no_rope_layers): None, or with `identity` tables cos 1, sin 0, which rotate by exactly nothing
+    (for a layer scan whose layers pick their tables by index, so all variants need arrays)."""
+    if kind == ROPE_MAIN:
+        return _rot(cfg, positions)
+    if kind == ROPE_LOCAL:
+        return rope_tables(positions, cfg.dim_head, cfg.rope_local_theta)
+    if not identity:
+        return None
+    shape = (*positions.shape, 1, cfg.dim_head // 2)
+    return RopeTables(jnp.ones(shape, jnp.float32), jnp.zeros(shape, jnp.float32))
 
-    With cfg.qk_norm (Qwen3, transformers Qwen3Attention): q and k are RMS-normalised over Dh per head
-    (weights lp["q_norm"] / lp["k_norm"] [Dh], eps = rms_eps) after the head reshape and before RoPE."""
+
+def within_window(q_pos: jax.Array, k_pos: jax.Array, window: int | None) -> jax.Array | bool:
+    """Whether a query at position q_pos may see a key at k_pos under a sliding window (broadcast): the
+    last `window` positions, q_pos - window < k_pos (transformers masking_utils `sliding_window_overlay`:
+    kv_idx > q_idx - sliding_window; causality is the caller's mask). True without a window. Positions count
+    real tokens, so a left-padded row's pads never take a place in the window."""
+    if window is None:
+        return True
+    return (q_pos - k_pos) < window
+
+
+def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array | RopeTables | None, dtype):
+    """h: [..., S, D] normalised input -> q [..., S, K, group, Dh], k/v [..., S, K, Dh] (q, k rotated by
+    the RopeTables of their positions, or by integer positions [..., S]; None: a layer without RoPE).
+
+    With cfg.qk_norm (Qwen3, transformers Qwen3Attention; Gemma 3 with its (1 + w) norm): q and k are
+    RMS-normalised over Dh per head (weights lp["q_norm"] / lp["k_norm"] [Dh], eps = rms_eps) after the head
+    reshape and before RoPE."""
     lead = h.shape[:-1]
     q = dense(h, lp["q_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.group, cfg.dim_head)
     k = dense(h, lp["k_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
     v = dense(h, lp["v_proj"], dtype).reshape(*lead, cfg.n_kv_heads, cfg.dim_head)
     if cfg.qk_norm:
-        q = rms_norm(q, lp["q_norm"], cfg.rms_eps)
-        k = rms_norm(k, lp["k_norm"], cfg.rms_eps)
+        q = norm(cfg, q, lp["q_norm"])
+        k = norm(cfg, k, lp["k_norm"])
+    if positions is None:
+        return q, k, v
     rot = positions if isinstance(positions, RopeTables) else _rot(cfg, positions)
     q = apply_rope(q.reshape(*lead, cfg.n_heads, cfg.dim_head), rot).reshape(q.shape)
     k = apply_rope(k, rot)
@@ -492,10 +649,14 @@ def _qkv(cfg: TransformerConfig, lp: dict, h: jax.Array, positions: jax.Array | 
 
 
 def _mlp(cfg: TransformerConfig, lp: dict, x: jax.Array, dtype) -> jax.Array:
-    h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+    """x + MLP(norm(x)): down(act(gate(h)) * up(h)); Gemma's post-MLP norm (cfg.post_norms) before the add."""
+    h = norm(cfg, x, lp["mlp_norm"])
     g = dense(h, lp["gate_proj"], dtype)
     u = dense(h, lp["up_proj"], dtype)
-    return x + dense(swiglu(g, u), lp["down_proj"], dtype)
+    y = dense(swiglu(g, u) if cfg.mlp_act == "silu" else geglu(g, u), lp["down_proj"], dtype)
+    if cfg.post_norms:
+        y = norm(cfg, y, lp["mlp_post_norm"])
+    return x + y
 
 
 def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
@@ -504,6 +665,13 @@ def swiglu(g: jax.Array, u: jax.Array) -> jax.Array:
     if g.dtype == jnp.float32:
         return jax.nn.silu(g) * u
     return (jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(g.dtype)
+
+
+def geglu(g: jax.Array, u: jax.Array) -> jax.Array:
+    """GELU(g) * u with the tanh approximation (Gemma's hidden_activation "gelu_pytorch_tanh" =
+    torch.nn.functional.gelu(approximate="tanh")), in float32 and rounded once as `swiglu`."""
+    gf, uf = g.astype(jnp.float32), u.astype(jnp.float32)
+    return (jax.nn.gelu(gf, approximate=True) * uf).astype(g.dtype)
 
 
 def _softmax_attend(scores: list[jax.Array], masks: list[jax.Array]):
@@ -554,9 +722,12 @@ def _attend_weights(scores: list[jax.Array], masks: list[jax.Array], dtype) -> l
 
 
 def _out_proj(cfg: TransformerConfig, lp: dict, x: jax.Array, o: jax.Array, dtype) -> jax.Array:
-    """o: [..., S, K, group, Dh] attention output -> residual add."""
+    """o: [..., S, K, group, Dh] attention output -> residual add (Gemma: normed first, cfg.post_norms)."""
     o = o.reshape(*o.shape[:-3], cfg.n_heads * cfg.dim_head).astype(dtype)
-    return x + dense(o, lp["o_proj"], dtype)
+    y = dense(o, lp["o_proj"], dtype)
+    if cfg.post_norms:
+        y = norm(cfg, y, lp["attn_post_norm"])
+    return x + y
 
 
 # jax.checkpoint policies per layer: what the backward pass keeps from the forward ("none": everything, no
@@ -590,19 +761,60 @@ def _scan_layers(cfg: TransformerConfig, layers: dict, fn, carry):
     return carry
 
 
+def attention_contexts(cfg: TransformerConfig, make, stacked: bool = True) -> list:
+    """[make(window, rope_kind, identity) for each of cfg.attention_variants]: what a layer of each variant
+    attends with (its RoPE tables and masks). `identity` is True when a layer scan stacks and indexes several
+    variants' contexts (`stacked` and more than one variant, `scan_variant_layers`): a layer without RoPE
+    then needs identity tables (rope_of) rather than None. Unrolled layer loops pick theirs by
+    cfg.layer_variant[i] (stacked=False)."""
+    identity = stacked and len(cfg.attention_variants) > 1
+    return [make(window, rope, identity) for window, rope in cfg.attention_variants]
+
+
+def _stack_contexts(contexts: list):
+    """The variant contexts (pytrees of one structure) stacked on a new leading axis, each leaf broadcast to
+    the shape shared by all variants (a sliding mask may be [N, 1, 1, S, S] where the full one broadcasts)."""
+
+    def stack(*xs):
+        shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
+        return jnp.stack([jnp.broadcast_to(x, shape) for x in xs])
+
+    return jax.tree.map(stack, *contexts)
+
+
+def scan_variant_layers(cfg: TransformerConfig, layers: dict, fn, carry, contexts: list):
+    """carry = fn(carry, layer_params, context) over the stacked layers, each layer with the context of its
+    attention variant (`attention_contexts`). One variant (every Llama / Qwen model): exactly `_scan_layers`
+    with that context. Several (Gemma's sliding / global layers, SmolLM3's layers without RoPE): one scan
+    all the same; the contexts are stacked once and each layer takes its own by index (cfg.layer_variant),
+    so compile time stays independent of depth and of the layer pattern."""
+    if len(contexts) == 1:
+        ctx = contexts[0]
+        return _scan_layers(cfg, layers, lambda c, lp: fn(c, lp, ctx), carry)
+    stacked = _stack_contexts(contexts)
+    body = remat_layer(lambda c, xs: fn(c, xs[0], jax.tree.map(lambda a: a[xs[1]], stacked)), cfg.remat)
+
+    def step(c, xs):
+        return body(c, xs), None
+
+    carry, _ = jax.lax.scan(step, carry, (layers, jnp.asarray(cfg.layer_variant, jnp.int32)))
+    return carry
+
+
 def head_weight(params: Params, cfg: TransformerConfig) -> jax.Array:
     """The LM-head matrix [D, V] (param dtype): embed.T when the embeddings are tied, else lm_head."""
     return params["embed"].T if cfg.tie_embeddings else params["lm_head"]
 
 
 def _head(cfg: TransformerConfig, params: Params, x: jax.Array, return_hidden: bool = False):
-    """Final norm + LM head (float32 logits) + optional value head; with return_hidden, the final-norm
-    output h (compute dtype) in place of the logits (for a chunked head: grpo_jax.policies.logp).
+    """Final norm + LM head (float32 logits, soft-capped with cfg.final_softcap) + optional value head; with
+    return_hidden, the final-norm output h (compute dtype) in place of the logits (for a chunked head:
+    grpo_jax.policies.logp, which applies the soft-cap itself).
 
     The head matmul takes compute-dtype inputs but accumulates and returns float32
     (preferred_element_type): with bf16 compute, a bf16 result cast afterwards would round every logit
     to 8 mantissa bits (|error| up to ~|logit|/256) before the float32 log-softmax."""
-    h = rms_norm(x, params["final_norm"], cfg.rms_eps)
+    h = norm(cfg, x, params["final_norm"])
     if return_hidden:
         logits = h
     elif "lm_head_t" in params:  # a sampler's copy, [V, D] (sampling.rollout_weights)
@@ -610,6 +822,8 @@ def _head(cfg: TransformerConfig, params: Params, x: jax.Array, return_hidden: b
     else:
         w = head_weight(params, cfg)
         logits = jnp.matmul(h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    if cfg.final_softcap is not None and not return_hidden:
+        logits = softcap(logits, cfg.final_softcap)
     values = None
     if cfg.value_head:
         vh = params["value_head"]
@@ -653,20 +867,28 @@ def forward_masked(
     mask. Returns (logits [N, S, V] float32, or with return_hidden the final-norm output [N, S, D] in the
     compute dtype; values | None)."""
     dtype = _dt(cfg.compute_dtype)
-    pos = _rot(cfg, positions)
-    x = params["embed"][tokens].astype(dtype)
-    scale = 1.0 / math.sqrt(cfg.dim_head)
 
-    def layer(x, lp):
-        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+    def context(window, rope, identity):  # (RoPE tables, mask) of a layer variant
+        if window is not None:
+            near = within_window(positions[:, None, None, :, None], positions[:, None, None, None, :], window)
+            return rope_of(cfg, rope, positions, identity), allowed & near
+        return rope_of(cfg, rope, positions, identity), allowed
+
+    contexts = attention_contexts(cfg, context)
+    x = embed_tokens(cfg, params, tokens, dtype)
+    scale = cfg.attn_scale
+
+    def layer(x, lp, ctx):
+        pos, allowed = ctx
+        h = norm(cfg, x, lp["attn_norm"])
         q, k, v = _qkv(cfg, lp, h, pos, dtype)  # q [N,S,K,g,Dh]
-        sc = jnp.einsum("nskgd,ntkd->nkgst", q, k, preferred_element_type=jnp.float32) * scale
+        sc = _scores(cfg, jnp.einsum("nskgd,ntkd->nkgst", q, k, preferred_element_type=jnp.float32) * scale)
         (w,) = _attend_weights([sc], [allowed], dtype)
         o = jnp.einsum("nkgst,ntkd->nskgd", w.astype(dtype), v)
         x = _out_proj(cfg, lp, x, o, dtype)
         return _mlp(cfg, lp, x, dtype)
 
-    x = _scan_layers(cfg, params["layers"], layer, x)
+    x = scan_variant_layers(cfg, params["layers"], layer, x, contexts)
     return _head(cfg, params, x, return_hidden)
 
 
@@ -724,29 +946,44 @@ def shared_prompt_layers(
     streams after the last layer (xp [B, P, D], xc [C, H, T, D]; no final norm)."""
     dtype = _dt(cfg.compute_dtype)
     p = prompt.shape[-1]
-    prot = _rot(cfg, prompt_positions(pmask))
-    crot = _rot(cfg, cpos)
-    xp = params["embed"][prompt].astype(dtype)  # [B,P,D]
-    xc = params["embed"][completions].astype(dtype)  # [C,H,T,D]
+    ppos = prompt_positions(pmask)  # [B,P]
+    xp = embed_tokens(cfg, params, prompt, dtype)  # [B,P,D]
+    xc = embed_tokens(cfg, params, completions, dtype)  # [C,H,T,D]
     pcausal = jnp.tril(jnp.ones((p, p), bool))
     p_allowed = pcausal[None, None, None] & pmask[:, None, None, None, :]  # [B,1,1,P,P]
-    scale = 1.0 / math.sqrt(cfg.dim_head)
+    scale = cfg.attn_scale
 
-    def layer(carry, lp):
+    def context(window, rope, identity):  # (prompt RoPE, completion RoPE, masks) of a layer variant
+        if window is None:
+            masks = (p_allowed, c_to_p, c_self)
+        else:  # query and key positions laid out as the masks: [.., T(queries), S(keys)]
+            cq = jnp.reshape(cpos, (1,) * (3 - jnp.ndim(cpos)) + jnp.shape(cpos))[:, :, None, None, :, None]
+            kpp = ppos if kv_index is None else ppos[kv_index]
+            masks = (
+                p_allowed & within_window(ppos[:, None, None, :, None], ppos[:, None, None, None, :], window),
+                c_to_p & within_window(cq, kpp[:, None, None, None, None, :], window),
+                c_self & within_window(cq, jnp.swapaxes(cq, -1, -2), window),
+            )
+        return rope_of(cfg, rope, ppos, identity), rope_of(cfg, rope, cpos, identity), masks
+
+    contexts = attention_contexts(cfg, context)
+
+    def layer(carry, lp, ctx):
+        prot, crot, (p_allowed, c_to_p, c_self) = ctx
         xp, xc = carry
-        hp = rms_norm(xp, lp["attn_norm"], cfg.rms_eps)
-        hc = rms_norm(xc, lp["attn_norm"], cfg.rms_eps)
+        hp = norm(cfg, xp, lp["attn_norm"])
+        hc = norm(cfg, xc, lp["attn_norm"])
         qp, kp, vp = _qkv(cfg, lp, hp, prot, dtype)  # qp [B,P,K,g,Dh], kp [B,P,K,Dh]
         qc, kc, vc = _qkv(cfg, lp, hc, crot, dtype)  # qc [C,H,T,K,g,Dh], kc [C,H,T,K,Dh]
         # prompt self-attention
-        sp = jnp.einsum("bskgd,btkd->bkgst", qp, kp, preferred_element_type=jnp.float32) * scale
+        sp = _scores(cfg, jnp.einsum("bskgd,btkd->bkgst", qp, kp, preferred_element_type=jnp.float32) * scale)
         (wp,) = _attend_weights([sp], [p_allowed], dtype)
         op = jnp.einsum("bkgst,btkd->bskgd", wp.astype(dtype), vp)
         # completion attention: shared prompt keys + own completion keys (joint softmax)
         kq, vq = (kp, vp) if kv_index is None else (kp[kv_index], vp[kv_index])
         s1 = jnp.einsum("bhtkgd,bskd->bhkgts", qc, kq, preferred_element_type=jnp.float32) * scale
         s2 = jnp.einsum("bhtkgd,bhskd->bhkgts", qc, kc, preferred_element_type=jnp.float32) * scale
-        w1, w2 = _attend_weights([s1, s2], [c_to_p, c_self], dtype)
+        w1, w2 = _attend_weights([_scores(cfg, s1), _scores(cfg, s2)], [c_to_p, c_self], dtype)
         oc = jnp.einsum("bhkgts,bskd->bhtkgd", w1.astype(dtype), vq) + jnp.einsum(
             "bhkgts,bhskd->bhtkgd", w2.astype(dtype), vc
         )
@@ -754,7 +991,7 @@ def shared_prompt_layers(
         xc = _mlp(cfg, lp, _out_proj(cfg, lp, xc, oc, dtype), dtype)
         return xp, xc
 
-    return _scan_layers(cfg, params["layers"], layer, (xp, xc))
+    return scan_variant_layers(cfg, params["layers"], layer, (xp, xc), contexts)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -844,29 +1081,48 @@ def prefill(
     loop by converting the whole stack to float32 first (~0.2 s per SmolLM2 rollout)."""
     dtype = _dt(cfg.compute_dtype)
     pmask = prompt_mask.astype(bool)
-    ppos = _rot(cfg, prompt_positions(pmask))
+    positions = prompt_positions(pmask)
     b, p = prompt.shape
-    x = params["embed"][prompt].astype(dtype)
     allowed = jnp.tril(jnp.ones((p, p), bool))[None, None, None] & pmask[:, None, None, None, :]
-    scale = 1.0 / math.sqrt(cfg.dim_head)
 
-    def layer(x, lp):
-        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+    if layers is None and isinstance(params["layers"], (list, tuple)):
+        layers = params["layers"]  # weights given per layer (split_layers)
+
+    def context(window, rope, identity):  # (RoPE tables, mask) of a layer variant
+        if window is not None:
+            near = within_window(positions[:, None, None, :, None], positions[:, None, None, None, :], window)
+            return rope_of(cfg, rope, positions, identity), allowed & near
+        return rope_of(cfg, rope, positions, identity), allowed
+
+    contexts = attention_contexts(cfg, context, stacked=layers is None)
+    x = embed_tokens(cfg, params, prompt, dtype)
+    scale = cfg.attn_scale
+
+    def layer(x, lp, ctx):
+        ppos, allowed = ctx
+        h = norm(cfg, x, lp["attn_norm"])
         q, k, v = _qkv(cfg, lp, h, ppos, dtype)
-        sc = jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32) * scale
+        sc = _scores(cfg, jnp.einsum("bskgd,btkd->bkgst", q, k, preferred_element_type=jnp.float32) * scale)
         (w,) = _attend_weights([sc], [allowed], dtype)
         o = jnp.einsum("bkgst,btkd->bskgd", w.astype(dtype), v)
         x = _mlp(cfg, lp, _out_proj(cfg, lp, x, o, dtype), dtype)
         return x, (jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))  # [B,K,P,Dh]
 
-    if layers is None and isinstance(params["layers"], (list, tuple)):
-        layers = params["layers"]  # weights given per layer (split_layers)
-    if layers is None:
-        x, (ks, vs) = jax.lax.scan(layer, x, params["layers"])  # ks [L,B,K,P,Dh]
+    if layers is None and len(contexts) == 1:
+        # ks [L,B,K,P,Dh]
+        x, (ks, vs) = jax.lax.scan(lambda x, lp: layer(x, lp, contexts[0]), x, params["layers"])
+    elif layers is None:  # several attention variants: each layer picks its context by index
+        stacked = _stack_contexts(contexts)
+        idx = jnp.asarray(cfg.layer_variant, jnp.int32)
+
+        def pick(x, xs):
+            return layer(x, xs[0], jax.tree.map(lambda a: a[xs[1]], stacked))
+
+        x, (ks, vs) = jax.lax.scan(pick, x, (params["layers"], idx))
     else:
         kv = []
-        for lp in layers:
-            x, lkv = layer(x, lp)
+        for lp, vi in zip(layers, cfg.layer_variant, strict=True):
+            x, lkv = layer(x, lp, contexts[vi])
             kv.append(lkv)
         ks, vs = (jnp.stack([a[i] for a in kv]) for i in (0, 1))
     logits, _ = _head(cfg, params, x[:, -1])
@@ -884,12 +1140,12 @@ def prefill(
     return cache, logits
 
 
-def _attend_one(q, pk, pv, ck, cv, pmask, cmask, scale):
+def _attend_one(q, pk, pv, ck, cv, pmask, cmask, scale, cap=None):
     """The attention of one new token as multiply-and-reduce (float32): q [B,G,K,g,Dh], prompt cache pk/pv
     [B,K,P,Dh], completion cache ck [B,G,K,Dh,T] (keys_positions_last), cv [B,G,K,T,Dh]; returns
-    [B,G,K,g,Dh]. With g = 1 (no grouped-query sharing) the group axis is dropped first: XLA:CPU's library
-    fusions of a reduce over operands broadcast along size-1 axes ran ~20x slower (measured on the tiny
-    model's bf16 rollout)."""
+    [B,G,K,g,Dh]; `cap`: the scores' soft-cap (cfg.attn_softcap). With g = 1 (no grouped-query sharing) the
+    group axis is dropped first: XLA:CPU's library fusions of a reduce over operands broadcast along size-1
+    axes ran ~20x slower (measured on the tiny model's bf16 rollout)."""
     g1 = q.shape[3] == 1
     qq = q[:, :, :, 0] if g1 else q  # [B,G,K,(g,)Dh]
 
@@ -902,6 +1158,8 @@ def _attend_one(q, pk, pv, ck, cv, pmask, cmask, scale):
         jnp.sum(qq[..., None, :] * per_query(pk, True), axis=-1) * scale,
         jnp.sum(qq[..., :, None] * per_query(ck, False), axis=-2) * scale,
     ]
+    if cap is not None:
+        scores = [softcap(x, cap) for x in scores]
     weights = _softmax_attend([s.reshape(*q.shape[:4], 1, s.shape[-1]) for s in scores], [pmask, cmask])
     o = sum(
         jnp.sum(w.reshape(*qq.shape[:-1], w.shape[-1])[..., None] * per_query(v, sh), axis=-2)
@@ -926,11 +1184,24 @@ def decode_step(
     dtype = _dt(cfg.compute_dtype)
     layers = split_layers(params) if layers is None else layers
     tmax = cache.comp_v[0].shape[3]
-    pos = _rot(cfg, (cache.prompt_len[:, None] + t).astype(jnp.int32)[..., None])  # of [B,1,1] positions
-    x = params["embed"][tokens][:, :, None, :].astype(dtype)  # [B,G,1,D]
+    qpos = (cache.prompt_len[:, None] + t).astype(jnp.int32)[..., None]  # [B,1,1]: the new token's position
     pmask = cache.prompt_mask[:, None, None, None, None, :]  # [B,1,1,1,1,P]
     cmask = (jnp.arange(tmax) <= t)[None, None, None, None, None, :]  # [1,1,1,1,1,T]
-    scale = 1.0 / math.sqrt(cfg.dim_head)
+
+    def context(window, rope, identity):  # (RoPE tables, prompt mask, completion mask) of a layer variant
+        rot = rope_of(cfg, rope, qpos, identity)
+        if window is None:
+            return rot, pmask, cmask
+        # a sliding layer sees the last `window` positions: completion keys j > t - window, prompt keys at
+        # positions > prompt_len + t - window (a left-padded row's positions count its real tokens only)
+        ppos = prompt_positions(cache.prompt_mask)  # [B,P]
+        near_p = within_window(cache.prompt_len[:, None] + t, ppos, window)[:, None, None, None, None, :]
+        near_c = within_window(t, jnp.arange(tmax), window)[None, None, None, None, None, :]
+        return rot, pmask & near_p, cmask & near_c
+
+    contexts = attention_contexts(cfg, context, stacked=False)
+    x = embed_tokens(cfg, params, tokens, dtype)[:, :, None, :]  # [B,G,1,D]
+    scale = cfg.attn_scale
     # below float32 (the bf16 rollout sampler): the attention of the single new token as multiply-and-reduce
     # over the float32 cache, fused loops instead of XLA:CPU's batched dots on [Dh]-sized per-head matrices
     # with operands converted every step (measured: the SmolLM2 bf16 rollout 15 % faster). float32 keeps the
@@ -938,7 +1209,8 @@ def decode_step(
     reduce_attn = keys_positions_last(cfg)  # below float32; its completion keys are [B,G,K,Dh,T]
     comp_k, comp_v = list(cache.comp_k), list(cache.comp_v)
     for li, lp in enumerate(layers):
-        h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
+        pos, pm, cm = contexts[cfg.layer_variant[li]]
+        h = norm(cfg, x, lp["attn_norm"])
         q, k, v = _qkv(cfg, lp, h, pos, dtype)  # q [B,G,1,K,g,Dh], k [B,G,1,K,Dh]
         # k [B,G,1,K,Dh] -> [B,G,K,Dh,1] at column t (keys_positions_last), else [B,G,K,1,Dh] at row t
         kt, at = (
@@ -952,11 +1224,12 @@ def decode_step(
         )
         pk, pv = cache.prompt_k[li], cache.prompt_v[li]  # [B,K,P,Dh]
         if reduce_attn:
-            o = _attend_one(q[:, :, 0].astype(jnp.float32), pk, pv, ck, cv, pmask, cmask, scale)[:, :, None]
+            qf = q[:, :, 0].astype(jnp.float32)
+            o = _attend_one(qf, pk, pv, ck, cv, pm, cm, scale, cfg.attn_softcap)[:, :, None]
         else:
             s1 = jnp.einsum("bhtkgd,bksd->bhkgts", q, pk, preferred_element_type=jnp.float32) * scale
             s2 = jnp.einsum("bhtkgd,bhksd->bhkgts", q, ck, preferred_element_type=jnp.float32) * scale
-            w1, w2 = _softmax_attend([s1, s2], [pmask, cmask])
+            w1, w2 = _softmax_attend([_scores(cfg, s1), _scores(cfg, s2)], [pm, cm])
             o = jnp.einsum("bhkgts,bksd->bhtkgd", w1.astype(dtype), pv) + jnp.einsum(
                 "bhkgts,bhksd->bhtkgd", w2.astype(dtype), cv
             )

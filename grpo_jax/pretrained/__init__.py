@@ -5,7 +5,7 @@ grpo_jax.tokenization.
 Import cost: the submodules import JAX; nothing here imports transformers or torch.
 """
 
-# --- Hugging Face safetensors checkpoints (llama / qwen2 / qwen3): grpo_jax.pretrained.hf ---
+# --- Hugging Face safetensors checkpoints (grpo_jax.policies.families): grpo_jax.pretrained.hf ---
 # --- GGUF files (llama / qwen2, dequantized): grpo_jax.pretrained.gguf ---
 # --- one entry point (a directory, a .gguf file or a known name): grpo_jax.pretrained.api ---
 from grpo_jax.pretrained.api import KNOWN, load_pretrained, load_tokenizer, resolve, save_pretrained

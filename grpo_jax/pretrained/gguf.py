@@ -46,13 +46,16 @@ from typing import Any
 
 import numpy as np
 
+from grpo_jax.policies import families
 from grpo_jax.policies.transformer import TransformerConfig
 from grpo_jax.tokenization.gguf_file import field_value, open_gguf
 
-SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+# general.architecture values read here: the families that declare one (Family.gguf_architecture)
+_GGUF_FAMILIES = families.gguf_families()
+SUPPORTED_ARCHITECTURES = tuple(_GGUF_FAMILIES)
 # architectures whose q/k rows llama.cpp permutes (convert_hf_to_gguf.py: LlamaModel and its subclasses that
-# keep `undo_permute`; transformers TENSOR_PROCESSORS["llama"])
-_PERMUTED_QK = ("llama",)
+# keep `undo_permute`; transformers TENSOR_PROCESSORS["llama"]): Family.gguf_permuted_qk
+_PERMUTED_QK = tuple(a for a, f in _GGUF_FAMILIES.items() if f.gguf_permuted_qk)
 
 # GGUF tensor name -> (our layer leaf, kind); kind "w" = weight [out, in] -> kernel [in, out]
 _LAYER_TENSORS = {

@@ -1,26 +1,23 @@
-"""Hugging Face checkpoints in and out of grpo_jax's transformer (families llama, qwen2, qwen3).
+"""Hugging Face checkpoints in and out of grpo_jax's transformer (the families of
+grpo_jax.policies.families: llama, qwen2, qwen3, mistral, smollm3, gemma2, gemma3_text).
 
     cfg, params = load_hf("path/to/Qwen2.5-0.5B")          # config.json + model.safetensors (or sharded)
     logits, _ = transformer.forward(params, cfg, tokens, mask)
     save_hf("out/", cfg, params, tokenizer)                 # AutoModelForCausalLM.from_pretrained("out/")
 
-Every architectural fact comes from config.json, read exactly as transformers 5.x reads it (the defaults
-of `LlamaConfig` / `Qwen2Config` / `Qwen3Config` for omitted keys, `rope_scaling` or `rope_parameters`,
-rope_theta inside the dict or at the top level, Qwen2's head_dim = hidden/heads unless given, Qwen3's default
-128). What the model cannot represent is refused with one `HFConfigError` (a grpo_jax.errors.ConfigError, so
-a ValueError) naming the config.json field and its value: sliding-window attention in use, MLP biases, RoPE
-types other than default / llama3, partial rotary, activations other than silu, MoE, quantized weights,
-other model_types. A missing, unexpected or mis-shaped tensor, or one of a non-float dtype, is a
-`CheckpointError` naming the tensor; a config.json or index that is not a JSON object, or a field of the
-wrong JSON type, names the file (and the field).
+Every architectural fact comes from config.json, read exactly as transformers 5.x reads it: the shape fields
+here, the rest by the family module of its `model_type` (its configuration class's defaults for omitted keys,
+its RoPE, biases, attention and MLP kinds). What the model cannot represent is refused with one
+`HFConfigError` (a grpo_jax.errors.ConfigError, so a ValueError) naming the config.json field and its value:
+e.g. Qwen's sliding window in use, MLP biases, RoPE types other than default / llama3, partial rotary,
+activations the family's MLP does not have, MoE, quantized weights, other model_types. A missing, unexpected
+or mis-shaped tensor, or one of a non-float dtype, is a `CheckpointError` naming the tensor; a config.json or
+index that is not a JSON object, or a field of the wrong JSON type, names the file (and the field).
 
-Family differences (transformers models/*/modeling_*.py):
-* llama: `attention_bias` biases q, k, v AND o (LlamaAttention) -> qkv_bias = o_bias = attention_bias;
-  `mlp_bias` biases the MLP (refused); `head_dim` may differ from hidden/heads.
-* qwen2: q/k/v always biased, o never (Qwen2Attention hardcodes it; `attention_bias` is not read).
-* qwen3: per-head q/k RMSNorm before RoPE (qk_norm); `attention_bias` as llama.
+Family differences: the module docstrings of grpo_jax/policies/families/*.py and docs/MODEL_FAMILIES.md.
 
-Weights: HF Linear stores [out, in]; grpo_jax stores kernels [in, out] stacked over layers on axis 0.
+Weights: HF Linear stores [out, in]; grpo_jax stores kernels [in, out] stacked over layers on axis 0. The
+tensor names are the family's (Family.layer_tensors / top_tensors).
 """
 
 from __future__ import annotations
@@ -37,66 +34,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.errors import ConfigError
-from grpo_jax.policies import lora
+from grpo_jax.policies import families, lora
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.policies.families.base import (
+    CheckpointError,
+    ConfigReader,
+    HFConfigError,
+    TensorSpec,
+    rope_to_hf,
+)
 from grpo_jax.pretrained import safetensors_io
 
-FAMILIES = tfm.FAMILIES
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+FAMILIES = families.FAMILIES
 
-# transformers 5.x configuration-class defaults (configuration_{llama,qwen2,qwen3}.py), for omitted keys
-_DEFAULTS: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=None,
-        head_dim=None,
-        hidden_act="silu",
-        max_position_embeddings=2048,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        mlp_bias=False,
-    ),
-    "qwen2": dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=None,
-        hidden_act="silu",
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-        sliding_window=4096,
-        max_window_layers=28,
-    ),
-    "qwen3": dict(
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=128,
-        hidden_act="silu",
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        use_sliding_window=False,
-        sliding_window=4096,
-        max_window_layers=28,
-    ),
-}
-_DEFAULT_THETA = 10000.0  # RotaryEmbeddingConfigMixin.default_theta
 _MOE_KEYS = (
     "num_experts",
     "num_local_experts",
@@ -116,79 +66,24 @@ _HF_NAME = {  # TransformerConfig field -> config.json key, for error messages
     "n_kv_heads": "num_key_value_heads",
     "d_ff": "intermediate_size",
     "head_dim": "head_dim",
+    "sliding_window": "sliding_window",
+    "layer_types": "layer_types",
+    "no_rope_layers": "no_rope_layers",
+    "rope_local_theta": "rope_local_base_freq",
+    "query_pre_attn_scalar": "query_pre_attn_scalar",
+    "attn_softcap": "attn_logit_softcapping",
+    "final_softcap": "final_logit_softcapping",
 }
-
-
-class HFConfigError(ConfigError):
-    """A config.json field grpo_jax cannot represent: "<file>: <field>=<value>: <why / what is valid>"."""
-
-    def __init__(self, file: str, field: str, value: Any, why: str):
-        super().__init__("config.json", field, value, why)
-        self.file = file
-        self.args = (f"{file}: {field}={value!r}: {why}",)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory or tensor problem (missing / unexpected / mis-shaped tensor); names it."""
 
 
 # ----------------------------------------------------------------------------------------------------------
 # config.json <-> TransformerConfig
 
 
-def _rope(hf: dict, file: str, max_pos: int, layer_types: list[str]) -> tuple[float, Any]:
-    """(rope_theta, RopeScaling | None), with transformers' precedence (modeling_rope_utils
-    `convert_rope_params_to_dict` / `standardize_rope_params`): the `rope_scaling` dict, else
-    `rope_parameters`; rope_theta from that dict, else top level, else 10000; rope_type from "rope_type", else
-    "type", else "default"; llama3's original_max_position_embeddings: top level, else the dict, else
-    max_position_embeddings."""
-    src = "rope_scaling" if hf.get("rope_scaling") else "rope_parameters"
-    rp = dict(hf.get(src) or {})
-    nested = [k for k in rp if k in set(layer_types)]
-    if nested:  # per-layer-type RoPE dicts: representable only if they are all the same
-        dicts = [rp[k] for k in nested if rp[k] is not None]
-        if any(d != dicts[0] for d in dicts):
-            raise HFConfigError(file, src, hf.get(src), "different RoPE per layer type is not representable")
-        rp, src = dict(dicts[0]) if dicts else {}, f"{src}.{nested[0]}"
-    theta = float(rp.get("rope_theta", hf.get("rope_theta", _DEFAULT_THETA)))
-    prf = rp.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
-    if prf is not None and float(prf) != 1.0:
-        raise HFConfigError(
-            file,
-            "partial_rotary_factor",
-            prf,
-            "partial rotary embeddings are not representable; valid: 1.0 or absent",
-        )
-    rope_type = rp.get("rope_type", rp.get("type", "default"))
-    if rope_type == "default":
-        return theta, None
-    if rope_type != "llama3":
-        raise HFConfigError(
-            file,
-            f"{src}.rope_type",
-            rope_type,
-            "valid: 'default', 'llama3' (other RoPE scalings are not implemented)",
-        )
-    for k in ("factor", "low_freq_factor", "high_freq_factor"):
-        if rp.get(k) is None:
-            raise HFConfigError(file, f"{src}.{k}", None, "required by rope_type 'llama3'")
-    orig = hf.get("original_max_position_embeddings", rp.get("original_max_position_embeddings", max_pos))
-    try:
-        scaling = tfm.RopeScaling(
-            factor=float(rp["factor"]),
-            low_freq_factor=float(rp["low_freq_factor"]),
-            high_freq_factor=float(rp["high_freq_factor"]),
-            original_max_position_embeddings=int(orig),
-        )
-    except ValueError as e:
-        raise HFConfigError(file, src, hf.get(src), str(e)) from e
-    return theta, scaling
-
-
 def config_from_hf(
     hf: dict, *, param_dtype: str = "float32", file: str = "config.json"
 ) -> tfm.TransformerConfig:
-    """The TransformerConfig of a Hugging Face config.json dict (llama / qwen2 / qwen3), or HFConfigError
+    """The TransformerConfig of a Hugging Face config.json dict (a model_type of FAMILIES), or HFConfigError
     naming the field (a value of the wrong type included); CheckpointError for a file that is not a JSON
     object or is malformed otherwise."""
     if not isinstance(hf, dict):
@@ -203,108 +98,48 @@ def config_from_hf(
         raise CheckpointError(f"{file}: malformed config.json ({type(e).__name__}: {e})") from None
 
 
-def _number(file: str, key: str, value: Any, kind: type = int):
-    """int / float of a config.json value, or HFConfigError naming the field."""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise HFConfigError(file, key, value, f"expected {'an integer' if kind is int else 'a number'}")
-    try:
-        return kind(value)
-    except ValueError:
-        raise HFConfigError(
-            file, key, value, f"expected {'an integer' if kind is int else 'a number'}"
-        ) from None
-
-
 def _config_from_hf(hf: dict, param_dtype: str, file: str) -> tfm.TransformerConfig:
     mt = hf.get("model_type")
-    if mt not in FAMILIES:
+    fam = families.find(mt)
+    if fam is None:
         raise HFConfigError(
             file,
             "model_type",
             mt,
-            f"valid: {', '.join(FAMILIES)} (dense decoders; MoE, "
-            "sliding-window and other families are not representable)",
+            f"valid: {', '.join(FAMILIES)} (dense decoders; MoE and other families are not representable)",
         )
-    d = _DEFAULTS[mt]
-
-    def get(k):
-        return hf.get(k, d.get(k))
-
-    def num(k, kind=int):
-        return _number(file, k, get(k), kind)
-
+    r = ConfigReader(hf, fam, file)
     if hf.get("quantization_config"):
-        raise HFConfigError(
-            file,
+        r.refuse(
             "quantization_config",
             hf["quantization_config"].get("quant_method", "?"),
             "quantized weights are not readable; use an unquantized (float) checkpoint",
         )
     for k in _MOE_KEYS:
         if hf.get(k):
-            raise HFConfigError(file, k, hf[k], "mixture-of-experts MLPs are not representable (dense only)")
-    act = get("hidden_act")
-    if act not in ("silu", "swish"):
-        raise HFConfigError(file, "hidden_act", act, "valid: 'silu' (the SwiGLU MLP)")
-    if mt == "llama" and get("mlp_bias"):
-        raise HFConfigError(
-            file, "mlp_bias", hf["mlp_bias"], "MLP biases are not representable; valid: false"
-        )
-    n_layers = num("num_hidden_layers")
-    layer_types = hf.get("layer_types")
-    if mt in ("qwen2", "qwen3"):
-        # Qwen2Config / Qwen3Config.__post_init__: the window is used only with use_sliding_window, on the
-        # layers i >= max_window_layers unless layer_types says otherwise
-        window = get("sliding_window") if get("use_sliding_window") else None
-        if layer_types is None:
-            mwl = get("max_window_layers")
-            layer_types = [
-                "sliding_attention" if window is not None and i >= mwl else "full_attention"
-                for i in range(n_layers)
-            ]
-        if "sliding_attention" in layer_types and window is not None:
-            raise HFConfigError(
-                file,
-                "use_sliding_window",
-                hf.get("use_sliding_window"),
-                f"sliding-window attention (sliding_window={window}, on layers "
-                f"{[i for i, t in enumerate(layer_types) if t != 'full_attention']}) is not "
-                "representable; valid: false",
-            )
-    layer_types = list(layer_types or [])
-    odd = sorted({t for t in layer_types if t != "full_attention"})
-    if odd:
-        raise HFConfigError(file, "layer_types", odd, "valid: 'full_attention' on every layer")
-    d_model, n_heads = num("hidden_size"), num("num_attention_heads")
-    n_kv = n_heads if get("num_key_value_heads") is None else num("num_key_value_heads")
-    head_dim = None if get("head_dim") is None else num("head_dim")
+            r.refuse(k, hf[k], "mixture-of-experts MLPs are not representable (dense only)")
+    n_layers, max_pos = r.num("num_hidden_layers"), r.num("max_position_embeddings")
+    extra = fam.read(r, n_layers=n_layers, max_pos=max_pos)
+    d_model, n_heads = r.num("hidden_size"), r.num("num_attention_heads")
+    n_kv = n_heads if r.get("num_key_value_heads") is None else r.num("num_key_value_heads")
+    head_dim = None if r.get("head_dim") is None else r.num("head_dim")
     head_dim = None if head_dim is None or head_dim * n_heads == d_model else head_dim
-    max_pos = num("max_position_embeddings")
-    theta, scaling = _rope(hf, file, max_pos, layer_types)
-    if mt == "qwen2":
-        qkv_bias, o_bias = True, False
-    else:
-        qkv_bias = o_bias = bool(get("attention_bias"))
     try:
         return tfm.TransformerConfig(
-            vocab_size=num("vocab_size"),
+            vocab_size=r.num("vocab_size"),
             d_model=d_model,
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=n_kv,
-            d_ff=num("intermediate_size"),
+            d_ff=r.num("intermediate_size"),
             head_dim=head_dim,
-            rope_theta=theta,
-            rms_eps=num("rms_norm_eps", float),
-            qkv_bias=qkv_bias,
-            tie_embeddings=bool(get("tie_word_embeddings")),
+            rms_eps=r.num("rms_norm_eps", float),
+            tie_embeddings=bool(r.get("tie_word_embeddings")),
             param_dtype=param_dtype,
-            qk_norm=mt == "qwen3",
-            o_bias=o_bias,
-            rope_scaling=scaling,
             max_position_embeddings=max_pos,
             family=mt,
             init_std=float(hf.get("initializer_range", 0.02)),
+            **extra,
         )
     except ValueError as e:
         m = re.match(r"TransformerConfig\.(\w+)=", str(e))
@@ -313,21 +148,10 @@ def _config_from_hf(hf: dict, param_dtype: str, file: str) -> tfm.TransformerCon
 
 
 def infer_family(cfg: tfm.TransformerConfig) -> str:
-    """cfg.family, else the HF family that represents cfg: qwen3 (q/k norm), qwen2 (q/k/v bias, no o bias),
-    llama (no biases, or q/k/v/o biases)."""
-    if cfg.family is not None:
-        return cfg.family
-    if cfg.qk_norm:
-        fam = "qwen3"
-    elif cfg.qkv_bias and not cfg.o_bias:
-        fam = "qwen2"
-    else:
-        fam = "llama"
-    try:
-        dataclasses.replace(cfg, family=fam)
-    except ValueError as e:
-        raise ValueError(f"no Hugging Face family represents this TransformerConfig: {e}") from e
-    return fam
+    """cfg.family, else the HF family that represents cfg (families.infer: the first of FAMILIES whose
+    check accepts it: qwen3 for a q/k norm, qwen2 for q/k/v biases without an o bias, llama for none or all,
+    the later families for their fields); ValueError when none does."""
+    return families.infer(cfg).model_type
 
 
 def config_to_hf(cfg: tfm.TransformerConfig, *, dtype: str = "float32", tokenizer: Any = None) -> dict:
@@ -336,30 +160,19 @@ def config_to_hf(cfg: tfm.TransformerConfig, *, dtype: str = "float32", tokenize
     config_from_hf(config_to_hf(cfg)) == cfg up to the fields config.json does not hold (compute_dtype, remat,
     value_head) and max_position_embeddings=None, written as the family's default.
 
-    RoPE is written both ways: `rope_parameters` (transformers 5.x) and top-level rope_theta / `rope_scaling`
-    (4.x and the hub convention). bos/eos/pad ids are the tokenizer's (`bos_id`, `eos_ids`/`eos_id`, `pad_id`)
-    or null."""
-    fam = infer_family(cfg)
-    rp: dict[str, Any] = {"rope_type": "default", "rope_theta": float(cfg.rope_theta)}
-    scaling = None
-    if cfg.rope_scaling is not None:
-        rs = cfg.rope_scaling
-        scaling = {
-            "rope_type": "llama3",
-            "factor": float(rs.factor),
-            "low_freq_factor": float(rs.low_freq_factor),
-            "high_freq_factor": float(rs.high_freq_factor),
-            "original_max_position_embeddings": int(rs.original_max_position_embeddings),
-        }
-        rp = {**scaling, "rope_theta": float(cfg.rope_theta)}
+    The common keys are written here, the family's own by its Family.write. RoPE is written both ways:
+    `rope_parameters` (transformers 5.x) and top-level rope_theta / `rope_scaling` (4.x and the hub
+    convention). bos/eos/pad ids are the tokenizer's (`bos_id`, `eos_ids`/`eos_id`, `pad_id`) or null."""
+    fam = families.infer(cfg)
+    rp, scaling = rope_to_hf(cfg.rope_theta, cfg.rope_scaling)
     eos = getattr(tokenizer, "eos_ids", None) or getattr(tokenizer, "eos_id", None)
     if isinstance(eos, (tuple, list)):
         eos = int(eos[0]) if len(eos) == 1 else [int(e) for e in eos]
     bos, pad = getattr(tokenizer, "bos_id", None), getattr(tokenizer, "pad_id", None)
-    max_pos = cfg.max_position_embeddings or _DEFAULTS[fam]["max_position_embeddings"]
+    max_pos = cfg.max_position_embeddings or fam.defaults["max_position_embeddings"]
     out: dict[str, Any] = {
-        "architectures": [ARCHITECTURES[fam]],
-        "model_type": fam,
+        "architectures": [fam.architecture],
+        "model_type": fam.model_type,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "intermediate_size": cfg.d_ff,
@@ -367,7 +180,7 @@ def config_to_hf(cfg: tfm.TransformerConfig, *, dtype: str = "float32", tokenize
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads,
         "head_dim": cfg.dim_head,
-        "hidden_act": "silu",
+        fam.activation_key: {"silu": "silu", "gelu_tanh": "gelu_pytorch_tanh"}[cfg.mlp_act],
         "max_position_embeddings": int(max_pos),
         "rms_norm_eps": float(cfg.rms_eps),
         "tie_word_embeddings": bool(cfg.tie_embeddings),
@@ -383,17 +196,7 @@ def config_to_hf(cfg: tfm.TransformerConfig, *, dtype: str = "float32", tokenize
         "dtype": dtype,
         "torch_dtype": dtype,
     }
-    if fam in ("llama", "qwen3"):
-        out["attention_bias"] = bool(cfg.qkv_bias)
-    if fam == "llama":
-        out["mlp_bias"] = False
-    else:
-        out.update(
-            use_sliding_window=False,
-            sliding_window=None,
-            max_window_layers=cfg.n_layers,
-            layer_types=["full_attention"] * cfg.n_layers,
-        )
+    out.update(fam.write(cfg))
     return out
 
 
@@ -401,41 +204,13 @@ def config_to_hf(cfg: tfm.TransformerConfig, *, dtype: str = "float32", tokenize
 # tensor names
 
 
-def _layer_map(cfg: tfm.TransformerConfig) -> list[tuple[str, tuple[str, ...], bool, tuple[int, ...]]]:
+def _layer_map(cfg: tfm.TransformerConfig) -> list[TensorSpec]:
     """(HF name template with {i}, grpo_jax leaf path under "layers", transpose, grpo_jax per-layer shape)."""
-    d, f, h, k, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.dim_head
-    a, m = "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
-    out = [
-        ("model.layers.{i}.input_layernorm.weight", ("attn_norm",), False, (d,)),
-        ("model.layers.{i}.post_attention_layernorm.weight", ("mlp_norm",), False, (d,)),
-    ]
-    for name, din, dout, bias in (
-        ("q_proj", d, h * dh, cfg.qkv_bias),
-        ("k_proj", d, k * dh, cfg.qkv_bias),
-        ("v_proj", d, k * dh, cfg.qkv_bias),
-        ("o_proj", h * dh, d, cfg.o_bias),
-    ):
-        out.append((a + name + ".weight", (name, "kernel"), True, (din, dout)))
-        if bias:
-            out.append((a + name + ".bias", (name, "bias"), False, (dout,)))
-    if cfg.qk_norm:
-        out += [
-            (a + "q_norm.weight", ("q_norm",), False, (dh,)),
-            (a + "k_norm.weight", ("k_norm",), False, (dh,)),
-        ]
-    for name, din, dout in (("gate_proj", d, f), ("up_proj", d, f), ("down_proj", f, d)):
-        out.append((m + name + ".weight", (name, "kernel"), True, (din, dout)))
-    return out
+    return families.infer(cfg).layer_tensors(cfg)
 
 
-def _top_map(cfg: tfm.TransformerConfig) -> list[tuple[str, tuple[str, ...], bool, tuple[int, ...]]]:
-    out = [
-        ("model.embed_tokens.weight", ("embed",), False, (cfg.vocab_size, cfg.d_model)),
-        ("model.norm.weight", ("final_norm",), False, (cfg.d_model,)),
-    ]
-    if not cfg.tie_embeddings:
-        out.append(("lm_head.weight", ("lm_head",), True, (cfg.d_model, cfg.vocab_size)))
-    return out
+def _top_map(cfg: tfm.TransformerConfig) -> list[TensorSpec]:
+    return families.infer(cfg).top_tensors(cfg)
 
 
 def _get(tree, path):
@@ -510,7 +285,7 @@ def _dtype_name(dtype) -> str | None:
 
 
 def load_hf(path: str, dtype=None, *, shardings: Any = None) -> tuple[tfm.TransformerConfig, dict]:
-    """(TransformerConfig, params) of a local Hugging Face checkpoint directory (llama / qwen2 / qwen3).
+    """(TransformerConfig, params) of a local Hugging Face checkpoint directory (a family of FAMILIES).
 
     path: a directory with config.json and model.safetensors or model.safetensors.index.json + shards
     (float32 / bfloat16 / float16 tensors). dtype: the params' dtype; None keeps the file's (float32 when
