@@ -276,7 +276,8 @@ def test_fused_softmax_backward_is_the_textbook_gradient_of_the_joint_softmax():
 def test_fused_softmax_drops_the_size_one_axes_and_keeps_its_values():
     """Without grouped-query sharing the training forwards' scores carry a size-1 group axis; below float32
     `_attend_weights` drops every axis of size 1 in all blocks before its fused softmax (XLA:CPU's library
-    fusions of the backward's multiply-and-reduce ran ~8x slower with it: docs/results/mixed_precision_and_memory.md), and gives the
+    fusions of the backward's multiply-and-reduce ran ~8x slower with it:
+    docs/results/mixed_precision_and_memory.md), and gives the
     weights back in the scores' shapes. Weights and gradients are those of the fused softmax on the
     unsqueezed blocks, bit for bit; masks of lower rank broadcast as before."""
     k = jax.random.split(jax.random.PRNGKey(3), 3)
