@@ -58,7 +58,10 @@ def write_with(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> N
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    write_with(path, lambda f: f.write(data))
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    write_with(path, write)
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

@@ -4,13 +4,17 @@ own section), advantages, baseline, KL and entropy coefficients, reference updat
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from grpo_jax.config.algorithms import spec as algorithm_spec
 from grpo_jax.config.algorithms import specs as algorithm_specs
 from grpo_jax.config.base import Mechanism, _check_sub_settings, _choice, _positive, _schedule_ok, opt
 from grpo_jax.config.controller import _MULTIPLICATIVE, ControllerConfig
 from grpo_jax.config.loss import PolicyLossConfig
+
+if TYPE_CHECKING:
+    from grpo_jax.config.algorithms.dppo import DPPOConfig
+    from grpo_jax.config.algorithms.ppo import PPOConfig
 from grpo_jax.core.advantages import GROUP_ADV_METHODS
 from grpo_jax.errors import fail
 
@@ -110,6 +114,10 @@ class ObjectiveConfig:
     multiscale_mode: str = opt(
         "mean_of_tests", "Per-test advantage form: mean_of_tests or fraction.", choices=MULTISCALE_MODES
     )
+
+    if TYPE_CHECKING:  # the algorithms' sections, added at import by _with_algorithm_sections (for mypy)
+        ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+        dppo: DPPOConfig = dataclasses.field(default_factory=DPPOConfig)
 
     def __post_init__(self):
         _choice(self, "adv_method", GROUP_ADV_METHODS)

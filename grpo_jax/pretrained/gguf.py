@@ -281,12 +281,15 @@ def load_gguf(path: str | os.PathLike, dtype: str = "float32") -> tuple[Transfor
             raise _fail(path, f"unexpected tensor {name!r} for a {arch} model ({hint})")
         seen.add(name)
         w = _dequantize(t, path)
+        want: tuple[int, ...]
+        m = _BLK.fullmatch(name)
         if name == "token_embd.weight" or name == "output.weight":
             want = (cfg.vocab_size, d)
         elif name == "output_norm.weight":
             want = (d,)
+        elif m is None:  # (the name was checked against the expected tensors above)
+            raise _fail(path, f"unexpected tensor {name!r}")
         else:
-            m = _BLK.fullmatch(name)
             want = shapes[m.group(2)]
         if tuple(w.shape) != want:
             raise _fail(
@@ -298,7 +301,7 @@ def load_gguf(path: str | os.PathLike, dtype: str = "float32") -> tuple[Transfor
             params["lm_head"] = np.ascontiguousarray(w.T, dtype=np_dtype)
         elif name == "output_norm.weight":
             params["final_norm"] = w.astype(np_dtype)
-        else:
+        elif m is not None:
             i, g = int(m.group(1)), m.group(2)
             leaf, kind = _LAYER_TENSORS[g]
             if arch in _PERMUTED_QK and g.startswith(("attn_q.", "attn_k.")):

@@ -451,7 +451,9 @@ def save_hf(
         if tokenizer is not None and callable(getattr(tokenizer, "save", None)):
             tokenizer.save(tmp)
         if tokenizer is not None:  # generate() / vLLM stop at every end-of-generation id of the tokenizer
-            gen = {"eos_token_id": list(getattr(tokenizer, "eos_ids", None) or [tokenizer.eos_id])}
+            gen: dict[str, Any] = {
+                "eos_token_id": list(getattr(tokenizer, "eos_ids", None) or [tokenizer.eos_id])
+            }
             for key, attr in (("bos_token_id", "bos_id"), ("pad_token_id", "pad_id")):
                 if getattr(tokenizer, attr, None) is not None:
                     gen[key] = int(getattr(tokenizer, attr))

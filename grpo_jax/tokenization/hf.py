@@ -192,7 +192,8 @@ def _check_template(template: str | None, where: str) -> None:
     try:
         _compile_template(template)
     except jinja2.exceptions.TemplateError as e:
-        line = f" at line {e.lineno}" if getattr(e, "lineno", None) else ""
+        lineno = getattr(e, "lineno", None)  # TemplateSyntaxError has it, other TemplateErrors do not
+        line = f" at line {lineno}" if lineno else ""
         raise ValueError(f"{where}: not a valid Jinja template ({e.message or e}{line})") from None
 
 
@@ -352,6 +353,7 @@ class HFTokenizer:
             if tok is not None:
                 special["eos_token"] = tok
         jinja_file = os.path.join(path, "chat_template.jinja")
+        template: Any
         if os.path.isfile(jinja_file):
             with open(jinja_file, encoding="utf-8") as f:
                 template = f.read()
@@ -520,8 +522,8 @@ def build_gguf_backend(meta: Mapping[str, Any], path: str = "<gguf>", pre_tokeni
             f"{path}: tokenizer.ggml.model={kind!r} is not supported (valid: 'gpt2', byte-level BPE; "
             "sentencepiece 'llama' vocabularies are not rebuilt here)"
         )
-    tokens = meta.get("tokenizer.ggml.tokens")
-    merges = meta.get("tokenizer.ggml.merges")
+    tokens: list[str] = meta.get("tokenizer.ggml.tokens") or []
+    merges: list[str] = meta.get("tokenizer.ggml.merges") or []
     for key, value in (("tokens", tokens), ("merges", merges)):
         if not value:
             raise ValueError(
@@ -607,7 +609,9 @@ def build_gguf_backend(meta: Mapping[str, Any], path: str = "<gguf>", pre_tokeni
         backend.add_tokens(user)
 
     # add_bos_token / add_eos_token -> "<bos> $A <eos>" (pair: the same around $B with type id 1)
-    bos, eos, specials = [], [], []
+    bos: list[str] = []
+    eos: list[str] = []
+    specials: list[tuple[str, int]] = []
     for flag, key, part in (("add_bos_token", "bos_token_id", bos), ("add_eos_token", "eos_token_id", eos)):
         if meta.get(f"tokenizer.ggml.{flag}") and meta.get(f"tokenizer.ggml.{key}") is not None:
             i = int(meta[f"tokenizer.ggml.{key}"])
