@@ -106,24 +106,7 @@ def built(tmp_path_factory):
     return get
 
 
-def _torch_logits(model, tok, mask) -> np.ndarray:
-    pos = np.maximum(np.cumsum(mask, -1) - 1, 0)
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(tok), attention_mask=torch.tensor(mask), position_ids=torch.tensor(pos)
-        )
-    return out.logits.float().numpy()
-
-
-_FWD = jax.jit(lambda p, c, t, m: tfm.forward(p, c, t, m)[0], static_argnums=1)
-
-
-def _rel(a: np.ndarray, ref: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
-    """(max |dlogit| / max |logit|, max |dlogp| / max |logit|) over real positions."""
-    m = mask.astype(bool)
-    scale = np.abs(ref[m]).max()
-    lp_a, lp_r = jax.nn.log_softmax(jnp.asarray(a), -1), jax.nn.log_softmax(jnp.asarray(ref), -1)
-    return float(np.abs(a - ref)[m].max() / scale), float(np.abs(np.asarray(lp_a - lp_r))[m].max() / scale)
+from test_hf_checkpoints import _FWD, _rel, _torch_logits  # noqa: E402  (one copy of the parity helpers)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -39,27 +39,14 @@ def sum_test(n: int, checker: str = SUM_CHECKER, **kw) -> TC:
     )
 
 
-def io(stdin: str, expected: str, **kw) -> TC:
-    return TC(call="", kind="stdout", stdin=stdin, expected=expected, **kw)
+# the stdin/stdout tests' helpers: io(...) a test, run(ex, {name: (job, status)}) checks every status
+from test_sandbox_stdio import io, run  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ex():
     with mainjob.executor() as e:
         yield e
-
-
-def run(ex, cases: dict[str, tuple[Job, Status]]) -> dict:
-    """Run every job in one batch; {name: verdict}, after checking each status."""
-    names = list(cases)
-    got = dict(zip(names, ex.run([cases[n][0] for n in names]), strict=True))
-    bad = [
-        f"{n}: {got[n].status} ({got[n].detail[:300]}), want {cases[n][1]}"
-        for n in names
-        if got[n].status is not cases[n][1]
-    ]
-    assert not bad, "\n".join(bad)
-    return got
 
 
 def error(v) -> str:

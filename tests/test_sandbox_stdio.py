@@ -31,8 +31,8 @@ P, WA, RE, TO, OL = (
 )
 
 
-def io(stdin: str, expected: str) -> TC:
-    return TC(call="", kind="stdout", stdin=stdin, expected=expected)
+def io(stdin: str, expected: str, **kw) -> TC:
+    return TC(call="", kind="stdout", stdin=stdin, expected=expected, **kw)
 
 
 @pytest.fixture(scope="module")
