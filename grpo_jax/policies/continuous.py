@@ -112,13 +112,12 @@ def insert(
     its completion columns invalidated, its first token's logits the prompt's."""
     p = pc.mask.shape[1]
     t_cols = slots.valid.shape[1] - p
-    put = dict(mode="drop")
     k = tuple(
-        a.at[slot_idx, :, :p].set(b[prompt_idx].astype(a.dtype), **put)
+        a.at[slot_idx, :, :p].set(b[prompt_idx].astype(a.dtype), mode="drop")
         for a, b in zip(slots.k, pc.k, strict=True)
     )
     v = tuple(
-        a.at[slot_idx, :, :p].set(b[prompt_idx].astype(a.dtype), **put)
+        a.at[slot_idx, :, :p].set(b[prompt_idx].astype(a.dtype), mode="drop")
         for a, b in zip(slots.v, pc.v, strict=True)
     )
     cols = jnp.concatenate([pc.mask[prompt_idx] > 0, jnp.zeros((prompt_idx.shape[0], t_cols), bool)], axis=1)
@@ -127,13 +126,13 @@ def insert(
     return slots._replace(
         k=k,
         v=v,
-        valid=slots.valid.at[slot_idx].set(cols, **put),
-        pos=slots.pos.at[slot_idx].set(pos, **put),
-        npos=slots.npos.at[slot_idx].set(pc.length[prompt_idx], **put),
-        n=slots.n.at[slot_idx].set(0, **put),
-        active=slots.active.at[slot_idx].set(True, **put),
-        keys=slots.keys.at[slot_idx].set(keys, **put),
-        logits=slots.logits.at[slot_idx].set(pc.logits[prompt_idx], **put),
+        valid=slots.valid.at[slot_idx].set(cols, mode="drop"),
+        pos=slots.pos.at[slot_idx].set(pos, mode="drop"),
+        npos=slots.npos.at[slot_idx].set(pc.length[prompt_idx], mode="drop"),
+        n=slots.n.at[slot_idx].set(0, mode="drop"),
+        active=slots.active.at[slot_idx].set(True, mode="drop"),
+        keys=slots.keys.at[slot_idx].set(keys, mode="drop"),
+        logits=slots.logits.at[slot_idx].set(pc.logits[prompt_idx], mode="drop"),
     )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Literal, NamedTuple
+from typing import Literal, NamedTuple, cast
 
 import flax.linen as nn
 import jax
@@ -170,7 +170,15 @@ def _module_from_params(params: dict) -> GRPOPolicy:
 
 def apply(params: dict, obs: Array) -> PolicyOutput:
     """Forward pass: ``obs`` ``[..., obs_dim]`` float -> a ``PolicyOutput`` with leading dims ``[...]``."""
-    return _module_from_params(params).apply({"params": params}, obs)
+    # Module.apply returns `Any | (out, variables)`; without `mutable` it is the module's own output.
+    return cast(PolicyOutput, _module_from_params(params).apply({"params": params}, obs))
+
+
+def _gaussian(out: PolicyOutput) -> tuple[Array, Array]:
+    """``(mean, log_std)`` of a continuous forward pass; a ValueError if either is missing."""
+    if out.mean is None or out.log_std is None:
+        raise ValueError("PolicyOutput has neither logits nor mean/log_std")
+    return out.mean, out.log_std
 
 
 def dist_logp(out: PolicyOutput, action: Array) -> Array:
@@ -183,8 +191,9 @@ def dist_logp(out: PolicyOutput, action: Array) -> Array:
         logits = out.logits.astype(jnp.float32)
         logp_all = jax.nn.log_softmax(logits, axis=-1)  # [..., A]
         return jnp.take_along_axis(logp_all, action[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    z = (action - out.mean) * jnp.exp(-out.log_std)
-    return jnp.sum(-0.5 * z**2 - out.log_std - 0.5 * _LOG_2PI, axis=-1)
+    mean, log_std = _gaussian(out)
+    z = (action - mean) * jnp.exp(-log_std)
+    return jnp.sum(-0.5 * z**2 - log_std - 0.5 * _LOG_2PI, axis=-1)
 
 
 def dist_entropy(out: PolicyOutput) -> Array:
@@ -195,7 +204,8 @@ def dist_entropy(out: PolicyOutput) -> Array:
     if out.logits is not None:
         logp_all = jax.nn.log_softmax(out.logits.astype(jnp.float32), axis=-1)
         return -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
-    return jnp.sum(out.log_std + 0.5 * (_LOG_2PI + 1.0), axis=-1)
+    _, log_std = _gaussian(out)
+    return jnp.sum(log_std + 0.5 * (_LOG_2PI + 1.0), axis=-1)
 
 
 def dist_sample(out: PolicyOutput, key: Array) -> tuple[Array, Array]:
@@ -203,8 +213,9 @@ def dist_sample(out: PolicyOutput, key: Array) -> tuple[Array, Array]:
     if out.logits is not None:
         action = jax.random.categorical(key, out.logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
     else:
-        noise = jax.random.normal(key, out.mean.shape, out.mean.dtype)
-        action = out.mean + jnp.exp(out.log_std) * noise
+        mean, log_std = _gaussian(out)
+        noise = jax.random.normal(key, mean.shape, mean.dtype)
+        action = mean + jnp.exp(log_std) * noise
     return action, dist_logp(out, action)
 
 

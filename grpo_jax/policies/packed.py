@@ -34,7 +34,7 @@ trained on); one longer than N is refused.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -43,16 +43,20 @@ import numpy as np
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.policies.logp import head_token_logp
 
+A = TypeVar("A", jax.Array, np.ndarray)
 
-class PackedLayout(NamedTuple):
-    """Packed rows of one micro-batch's completions (leading axis [n] when stacked over micro-batches)."""
 
-    tokens: jax.Array  # [R, N] int32 (pad elsewhere)
-    positions: jax.Array  # [R, N] int32 RoPE positions (p_b + t)
-    group: jax.Array  # [R] int32: the group (prompt) whose completions the row holds (0 for empty rows)
-    segment: jax.Array  # [R, N] int32: 1.. per completion in the row (0 = padding)
-    pred: jax.Array  # [R * N] int32: the state predicting each token, in [B last prompt states ; R * N rows]
-    unpack: jax.Array  # [B, G, T] int32: flat packed index of completion token t of (b, g) (0 beyond it)
+class PackedLayout(NamedTuple, Generic[A]):
+    """Packed rows of one micro-batch's completions (leading axis [n] when stacked over micro-batches).
+    `plan` builds it of host arrays (PackedLayout[np.ndarray]); inside the jitted step its leaves are jax
+    arrays (PackedLayout[jax.Array])."""
+
+    tokens: A  # [R, N] int32 (pad elsewhere)
+    positions: A  # [R, N] int32 RoPE positions (p_b + t)
+    group: A  # [R] int32: the group (prompt) whose completions the row holds (0 for empty rows)
+    segment: A  # [R, N] int32: 1.. per completion in the row (0 = padding)
+    pred: A  # [R * N] int32: the state predicting each token, in [B last prompt states ; R * N rows]
+    unpack: A  # [B, G, T] int32: flat packed index of completion token t of (b, g) (0 beyond it)
 
 
 def row_bucket(rows: int, multiple: int = 1, per_doubling: int = 2) -> int:
@@ -111,7 +115,7 @@ def plan(
     rows_multiple: int = 1,
     pad_id: int = 0,
     per_doubling: int = 2,
-) -> tuple[PackedLayout, PlanStats]:
+) -> tuple[PackedLayout[np.ndarray], PlanStats]:
     """The packed layouts of a batch's completions [B, G, T] (their prompts' masks [B, P], left-padded)
     split into `parts` micro-batches (groups b with b mod parts = i): arrays stacked [parts, ...], R rows of
     `width` each (R = row_bucket(rows needed, rows_multiple, per_doubling))."""
@@ -155,7 +159,7 @@ def plan(
     return layout, PlanStats(rows, needed, tokens_real, pmask.size + parts * rows * width)
 
 
-def row_masks(layout: PackedLayout, prompt_mask: jax.Array):
+def row_masks(layout: PackedLayout[jax.Array], prompt_mask: jax.Array):
     """(c_to_p [R, 1, 1, 1, 1, P], c_self [R, 1, 1, 1, N, N]) bool: a row's token may attend its group's real
     prompt tokens, and key j of its row when j <= i and both are of the same completion."""
     seg = layout.segment
@@ -172,7 +176,7 @@ def packed_policy_fn(cfg: tfm.TransformerConfig):
     train step's policy function with --pack_tokens; the chunked head when cfg.logp_chunk > 0, values with a
     value head)."""
 
-    def fn(params, prompt, prompt_mask, layout: PackedLayout, temperature):
+    def fn(params, prompt, prompt_mask, layout: PackedLayout[jax.Array], temperature):
         c_to_p, c_self = row_masks(layout, prompt_mask)
         xp, xc = tfm.shared_prompt_layers(
             params,
@@ -190,7 +194,7 @@ def packed_policy_fn(cfg: tfm.TransformerConfig):
         hidden, values = tfm._head(cfg, params, states[layout.pred], return_hidden=True)
         tgt = layout.tokens.reshape(-1)
         logp, ent = head_token_logp(params, cfg, hidden, tgt, temperature, cfg.logp_chunk)
-        out = (logp[layout.unpack], ent[layout.unpack])
+        out: tuple[jax.Array, ...] = (logp[layout.unpack], ent[layout.unpack])
         if cfg.value_head:
             out += (values[layout.unpack],)
         return out

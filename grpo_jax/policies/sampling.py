@@ -312,7 +312,7 @@ def sample(
     eos_id: int | tuple[int, ...],
     pad_id: int,
     with_cache: bool = False,
-) -> SampleOutput:
+) -> SampleOutput | tuple[SampleOutput, tfm.KVCache]:
     """Draw `group` completions of up to `max_new` tokens for each left-padded prompt [B, P]; `with_cache`:
     (SampleOutput, the final KV cache), for a later turn that continues these conversations
     (grpo_jax.policies.continuation)."""
@@ -370,7 +370,8 @@ def sample_members(
 
     cache, logits0 = jax.vmap(pre)(members)  # logits0 [M, B, V]
     logits = jnp.broadcast_to(logits0[:, :, None, :], (m, b, group, logits0.shape[-1]))
-    choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams(0, None, None)))
+    # in_axes: SamplingParams' tree with axes (int | None) for leaves, not arrays (hence _make)
+    choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams._make((0, None, None))))
     # the per-layer split once, outside the loop (slicing the stacked layers inside the loop body would copy
     # every member's weights every step)
     layers = jax.vmap(tfm.split_layers)(members)
@@ -420,7 +421,8 @@ def sample_lora_members(
     layers = tfm.split_layers(params)  # once, outside the loop
     v = logits0.shape[-1]
     logits = jnp.broadcast_to(logits0[:, None, :], (m * b, group, v))
-    choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams(0, None, None)))
+    # in_axes: SamplingParams' tree with axes (int | None) for leaves, not arrays (hence _make)
+    choose = jax.vmap(choose_tokens, in_axes=(0, 0, SamplingParams._make((0, None, None))))
 
     def choose_fn(lg, t):
         tok, lp = choose(lg.reshape(m, b, group, v), jax.vmap(lambda k: jax.random.fold_in(k, t))(keys), sp)
@@ -539,8 +541,9 @@ def with_rollout_weights(fn, cfg: tfm.TransformerConfig, dtype: str):
         jitted.clear_cache()
         cast.clear_cache()
 
-    call.clear_cache = clear_cache
-    call.jitted = jitted
+    # mypy does not model attributes set on a function (python/mypy#2087)
+    call.clear_cache = clear_cache  # type: ignore[attr-defined]
+    call.jitted = jitted  # type: ignore[attr-defined]
     return call
 
 

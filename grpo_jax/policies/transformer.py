@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -230,7 +231,11 @@ class TransformerConfig:
             rope = ROPE_LOCAL
         else:
             rope = ROPE_MAIN
-        return (int(self.sliding_window) if sliding else None, rope)
+        if not sliding:
+            return (None, rope)
+        if self.sliding_window is None:  # __post_init__ refuses such a config
+            raise ValueError("TransformerConfig: sliding_attention layers need a sliding_window")
+        return (int(self.sliding_window), rope)
 
     @functools.cached_property  # (read per layer while tracing the unrolled decode loops)
     def attention_variants(self) -> tuple[tuple[int | None, str], ...]:
@@ -609,6 +614,8 @@ def rope_of(
     if kind == ROPE_MAIN:
         return _rot(cfg, positions)
     if kind == ROPE_LOCAL:
+        if cfg.rope_local_theta is None:  # layer_attention gives ROPE_LOCAL only with a rope_local_theta
+            raise ValueError("TransformerConfig: ROPE_LOCAL layers need a rope_local_theta")
         return rope_tables(positions, cfg.dim_head, cfg.rope_local_theta)
     if not identity:
         return None
@@ -1072,7 +1079,7 @@ def prefill(
     prompt_mask: jax.Array,
     group: int,
     max_new: int,
-    layers: list[dict] | None = None,
+    layers: Sequence[dict] | None = None,
 ):
     """Encode the prompts once; return (cache with empty completion part, logits [B, V] of the next token).
 

@@ -18,7 +18,7 @@ of transformers' modeling_rope_utils.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from grpo_jax.errors import ConfigError
 from grpo_jax.policies import transformer as tfm
@@ -86,7 +86,7 @@ class ConfigReader:
     def num(self, key: str, kind: type = int):
         return number(self.file, key, self.get(key), kind)
 
-    def refuse(self, field: str, value: Any, why: str):
+    def refuse(self, field: str, value: Any, why: str) -> NoReturn:
         raise HFConfigError(self.file, field, value, why)
 
     def activation(self) -> str:
@@ -229,7 +229,7 @@ class Family:
         """(HF name template with {i}, leaf path under "layers", transpose, our per-layer shape)."""
         d, f, h, k, dh = cfg.d_model, cfg.d_ff, cfg.n_heads, cfg.n_kv_heads, cfg.dim_head
         a, m = "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
-        out = [
+        out: list[TensorSpec] = [
             (f"model.layers.{{i}}.{hf}.weight", (leaf,), False, (d,))
             for leaf, hf in self.norm_tensors.items()
         ]
@@ -252,7 +252,7 @@ class Family:
         return out
 
     def top_tensors(self, cfg: tfm.TransformerConfig) -> list[TensorSpec]:
-        out = [
+        out: list[TensorSpec] = [
             ("model.embed_tokens.weight", ("embed",), False, (cfg.vocab_size, cfg.d_model)),
             ("model.norm.weight", ("final_norm",), False, (cfg.d_model,)),
         ]

@@ -59,6 +59,8 @@ def gemma_common(r: ConfigReader, layer_types: list[str]) -> dict[str, Any]:
 
 
 def gemma_write(cfg: tfm.TransformerConfig) -> dict[str, Any]:
+    if cfg.query_pre_attn_scalar is None:  # gemma_check refuses such a config before any write
+        raise ValueError("Gemma config.json needs query_pre_attn_scalar (got None)")
     return dict(
         hidden_activation="gelu_pytorch_tanh",
         query_pre_attn_scalar=_number(cfg.query_pre_attn_scalar),
