@@ -19,7 +19,7 @@ import pytest
 
 from grpo_jax import cli
 from grpo_jax.train.build import RunConfigError, build
-from grpo_jax.train.logging import read_events
+from grpo_jax.train.events import read_events
 from grpo_jax.train.loop import setup
 from grpo_jax.train.state import make_controllers
 

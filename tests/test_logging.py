@@ -13,15 +13,10 @@ import pytest
 
 from grpo_jax.config import OptimConfig
 from grpo_jax.runtime.memory import memory_metrics
-from grpo_jax.train.logging import (
-    MetricsLogger,
-    PassRateTable,
-    Progress,
-    format_duration,
-    read_events,
-    read_histograms,
-    read_texts,
-)
+from grpo_jax.train.console import Progress, format_duration
+from grpo_jax.train.events import read_events, read_histograms, read_texts
+from grpo_jax.train.logging import MetricsLogger
+from grpo_jax.train.pass_rates import PassRateTable
 
 
 def read_jsonl(path):

@@ -14,8 +14,8 @@ from grpo_jax.eval import evaluation
 from grpo_jax.eval.progress import EvalProgress
 from grpo_jax.runtime import compile_cache
 from grpo_jax.train import loop
+from grpo_jax.train.console import Progress
 from grpo_jax.train.export import params_digest
-from grpo_jax.train.logging import Progress
 
 FLAGS = (mainjob.TINY, "--steps=2", "--checkpoint_every=0", "--eval_samples=0", "--eval_ks=")
 

@@ -1,4 +1,4 @@
-"""Host-side observability: TensorBoard (tensorboardX) + JSONL files + a console progress line.
+"""The run's log writer: TensorBoard (tensorboardX) + JSONL files + run.json.
 
 Files under `workdir`:
   run.json            run metadata, written atomically (temp + rename): run_info (config...), git SHA
@@ -11,30 +11,26 @@ Files under `workdir`:
   samples.jsonl       one line per sample row: {"step": ..., **row} (prompt, completion, status, reward...).
   {name}.jsonl        one line per `table` call: {"step": ..., "time": ..., "rows": [...]}.
 
-`read_events` parses the event files back (tensorboardX has no reader), for tests and offline analysis.
-Nothing here is used inside jit; metric values may be Python numbers, numpy or jax scalars.
+The other concerns of a run's observability have their own modules: run_info.py (git, host, versions),
+console.py (the step line, the final table), pass_rates.py (per-problem pass rates), events.py (the event
+files read back: tensorboardX has no reader). Nothing here is used inside jit; metric values may be Python
+numbers, numpy or jax scalars.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import glob
 import json
 import math
 import os
-import platform
-import socket
-import struct
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from grpo_jax import atomic
+from grpo_jax.train.run_info import environment, git_info
 
 # -- small helpers -------------------------------------------------------------------------------------------
 
@@ -77,56 +73,6 @@ def _dumps(obj: Any) -> str:
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """JSON (indent 2, no NaN, UTF-8) to `path` atomically (grpo_jax.atomic): never a half-written file."""
     atomic.write_json(path, _to_jsonable(obj), indent=2, allow_nan=False, ensure_ascii=False)
-
-
-def git_info(path: str | os.PathLike | None = None) -> dict[str, Any]:
-    """{"git_sha": HEAD or None, "git_dirty": bool or None} of the git repository holding `path`.
-
-    Default path: this package's directory (the code's revision, whatever the working directory)."""
-    cwd = os.fspath(path) if path is not None else os.path.dirname(os.path.abspath(__file__))
-
-    def git(*args):
-        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True)
-        return out.stdout.strip()
-
-    try:
-        sha = git("rev-parse", "HEAD") or None
-    except (OSError, subprocess.SubprocessError):
-        return {"git_sha": None, "git_dirty": None}
-    try:
-        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
-    except (OSError, subprocess.SubprocessError):
-        dirty = None
-    return {"git_sha": sha, "git_dirty": dirty}
-
-
-def _environment() -> dict[str, Any]:
-    import flax
-    import jax
-
-    try:
-        import optax
-
-        optax_version = optax.__version__
-    except Exception:  # pragma: no cover - optax is a dependency
-        optax_version = None
-    return {
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "argv": list(sys.argv),
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "flax": flax.__version__,
-        "optax": optax_version,
-        "backend": jax.default_backend(),
-        "process_index": jax.process_index(),
-        "process_count": jax.process_count(),
-        "devices": [str(d) for d in jax.devices()],
-        "local_device_count": jax.local_device_count(),
-    }
-
-
-# -- MetricsLogger -------------------------------------------------------------------------------------------
 
 
 def _drop_lines_from_step(path: str, purge_step: int) -> None:
@@ -173,7 +119,7 @@ class MetricsLogger:
             **git_info(),
             "start_time": self.start_time,
             "start_time_iso": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.start_time)),
-            **_environment(),
+            **environment(),
         }
         run_path = os.path.join(self.workdir, "run.json")
         if os.path.exists(run_path):  # a restart in the same workdir: remember the earlier starts
@@ -317,295 +263,6 @@ class MetricsLogger:
 # -- console progress ----------------------------------------------------------------------------------------
 
 
-def format_duration(seconds: float) -> str:
-    """42s, 9m42s, 1h02m, 2d03h."""
-    s = max(0, int(round(seconds)))
-    if s < 60:
-        return f"{s}s"
-    m, s = divmod(s, 60)
-    if m < 60:
-        return f"{m}m{s:02d}s"
-    h, m = divmod(m, 60)
-    if h < 24:
-        return f"{h}h{m:02d}m"
-    d, h = divmod(h, 24)
-    return f"{d}d{h:02d}h"
-
-
-class Progress:
-    """A console line: "step 12/200 (6%)  reward 0.312  SuccessRate 0.25  kl 0.0012  3.1 s/step  ETA 9m42s".
-
-    Seconds per step are a moving average over the last `window` intervals between calls (each interval
-    weighted by its number of steps). The first interval (from construction, usually including compilation)
-    is used only until a second one exists. Metric names show their last "/" component; missing keys are
-    skipped. `line` only builds the string (and records the timing); `show` also prints it with print_fn.
-    """
-
-    def __init__(
-        self,
-        total_steps: int,
-        start_step: int = 0,
-        print_fn: Callable[[str], Any] | None = print,
-        *,
-        window: int = 10,
-        clock: Callable[[], float] = time.monotonic,
-    ):
-        self.total_steps = int(total_steps)
-        self.print_fn = print_fn
-        self.clock = clock
-        self._last = (int(start_step), clock())
-        self._first: tuple[int, float] | None = None  # (steps, seconds) of the first interval
-        self._intervals: collections.deque[tuple[int, float]] = collections.deque(maxlen=window)
-
-    def seconds_per_step(self) -> float | None:
-        intervals = list(self._intervals) or ([self._first] if self._first else [])
-        n = sum(k for k, _ in intervals)
-        return sum(t for _, t in intervals) / n if n else None
-
-    def line(self, step: int, metrics: Mapping[str, Any], keys: Sequence[str] = ()) -> str:
-        step = int(step)
-        now = self.clock()
-        last_step, last_time = self._last
-        if step > last_step:
-            if self._first is None:
-                self._first = (step - last_step, now - last_time)
-            else:
-                self._intervals.append((step - last_step, now - last_time))
-            self._last = (step, now)
-        pct = 100.0 * step / self.total_steps if self.total_steps else 100.0
-        parts = [f"step {step}/{self.total_steps} ({pct:.0f}%)"]
-        for k in keys:
-            if k in metrics:
-                parts.append(f"{k.rsplit('/', 1)[-1]} {float(np.asarray(metrics[k])):.3g}")
-        sps = self.seconds_per_step()
-        if sps is None:
-            parts.append("-- s/step  ETA --")
-        else:
-            parts.append(f"{sps:.3g} s/step  ETA {format_duration(max(self.total_steps - step, 0) * sps)}")
-        return "  ".join(parts)
-
-    def show(self, step: int, metrics: Mapping[str, Any], keys: Sequence[str] = ()) -> str:
-        """`line(...)`, printed with print_fn (if any); returns the line."""
-        text = self.line(step, metrics, keys)
-        if self.print_fn is not None:
-            self.print_fn(text)
-        return text
-
-
-# -- per-problem pass rates ----------------------------------------------------------------------------------
-
-
-class PassRateTable:
-    """Attempts and passes per task (and per level when given); JSON-able for checkpoints."""
-
-    def __init__(self) -> None:
-        self._tasks: dict[str, dict[str, Any]] = {}
-
-    def update(
-        self, task_ids: Sequence[str], passed: Sequence[bool], levels: Sequence[Any] | None = None
-    ) -> None:
-        """One entry per attempt (a task id may repeat, e.g. G samples of one problem)."""
-        task_ids = [str(t) for t in task_ids]
-        passed = [bool(p) for p in np.asarray(passed).reshape(-1)]
-        if len(passed) != len(task_ids):
-            raise ValueError(
-                f"PassRateTable.update: {len(task_ids)} task_ids but {len(passed)} passed values"
-            )
-        if levels is not None:
-            levels = list(levels)
-            if len(levels) != len(task_ids):
-                raise ValueError(f"PassRateTable.update: {len(task_ids)} task_ids but {len(levels)} levels")
-        for i, (t, p) in enumerate(zip(task_ids, passed, strict=True)):
-            e = self._tasks.setdefault(t, {"attempts": 0, "passes": 0, "level": None})
-            e["attempts"] += 1
-            e["passes"] += int(p)
-            if levels is not None:
-                e["level"] = _to_jsonable(levels[i])
-
-    @classmethod
-    def from_counts(cls, task_ids: Sequence[str], attempts, passes, levels: Sequence[Any] | None = None):
-        """A table from per-task counts (e.g. the rollout state's ProblemStats); tasks never attempted are
-        left out."""
-        t = cls()
-        att, pas = np.asarray(attempts).reshape(-1), np.asarray(passes).reshape(-1)
-        for i, task in enumerate(task_ids):
-            if att[i] > 0:
-                t._tasks[str(task)] = {
-                    "attempts": int(att[i]),
-                    "passes": int(pas[i]),
-                    "level": None if levels is None else _to_jsonable(levels[i]),
-                }
-        return t
-
-    def rows(self, top: int | None = None) -> list[dict]:
-        """Sorted by pass rate (highest first), then attempts (most first), then task id."""
-        out = []
-        for t, e in self._tasks.items():
-            row = {
-                "task_id": t,
-                "attempts": e["attempts"],
-                "passes": e["passes"],
-                "pass_rate": e["passes"] / e["attempts"] if e["attempts"] else 0.0,
-                "ever_solved": e["passes"] > 0,
-            }
-            if e["level"] is not None:
-                row["level"] = e["level"]
-            out.append(row)
-        out.sort(key=lambda r: (-r["pass_rate"], -r["attempts"], r["task_id"]))
-        return out if top is None else out[:top]
-
-    def level_rows(self) -> list[dict]:
-        """Per level: n_problems, attempts, passes, pass_rate (pooled), mean_problem_pass_rate."""
-        by: dict[Any, list[dict]] = {}
-        for e in self._tasks.values():
-            if e["level"] is not None:
-                by.setdefault(e["level"], []).append(e)
-        out = []
-        for lvl in sorted(by, key=lambda x: (str(type(x)), x)):
-            es = by[lvl]
-            att, pas = sum(e["attempts"] for e in es), sum(e["passes"] for e in es)
-            out.append(
-                {
-                    "level": lvl,
-                    "n_problems": len(es),
-                    "attempts": att,
-                    "passes": pas,
-                    "pass_rate": pas / att if att else 0.0,
-                    "mean_problem_pass_rate": float(np.mean([e["passes"] / e["attempts"] for e in es])),
-                }
-            )
-        return out
-
-    def summary(self) -> dict[str, float]:
-        """n_problems_seen, n_ever_solved, mean_pass_rate (mean of the per-problem pass rates; 0 if none)."""
-        rates = [e["passes"] / e["attempts"] for e in self._tasks.values() if e["attempts"]]
-        return {
-            "n_problems_seen": len(self._tasks),
-            "n_ever_solved": sum(e["passes"] > 0 for e in self._tasks.values()),
-            "mean_pass_rate": float(np.mean(rates)) if rates else 0.0,
-        }
-
-    def state_dict(self) -> dict:
-        return {"tasks": {t: dict(e) for t, e in self._tasks.items()}}
-
-    def load_state_dict(self, d: Mapping[str, Any]) -> None:
-        tasks = {}
-        for t, e in dict(d.get("tasks", {})).items():
-            tasks[str(t)] = {
-                "attempts": int(e["attempts"]),
-                "passes": int(e["passes"]),
-                "level": e.get("level"),
-            }
-        self._tasks = tasks
-
-    def __len__(self) -> int:
-        return len(self._tasks)
-
-
-# -- reading event files back --------------------------------------------------------------------------------
-
-
-def _event_files(path_or_dir: str | os.PathLike) -> list[str]:
-    p = os.fspath(path_or_dir)
-    if os.path.isfile(p):
-        return [p]
-    files = glob.glob(os.path.join(p, "**", "*tfevents*"), recursive=True)
-    # file names start with events.out.tfevents.<unix time>: sort by that time so restarts come in order
-    return sorted(files, key=lambda f: (_event_time(f), f))
-
-
-def _event_time(f: str) -> float:
-    try:
-        return float(os.path.basename(f).split("tfevents.")[1].split(".")[0])
-    except (IndexError, ValueError):
-        return 0.0
-
-
-def iter_events(path: str | os.PathLike) -> Iterator[Any]:
-    """Yield `tensorboardX.proto.event_pb2.Event`s of one file (TFRecord framing; CRCs not checked).
-
-    A truncated final record (a writer killed midway) ends the iteration."""
-    from tensorboardX.proto import event_pb2
-
-    with open(path, "rb") as f:
-        while True:
-            header = f.read(12)  # uint64 length + uint32 masked crc of the length
-            if len(header) < 12:
-                return
-            (n,) = struct.unpack("<Q", header[:8])
-            data = f.read(n)
-            if len(data) < n or len(f.read(4)) < 4:  # payload + uint32 masked crc of the payload
-                return
-            ev = event_pb2.Event()
-            ev.ParseFromString(data)
-            yield ev
-
-
-def _read(path_or_dir, pick) -> dict[str, list[tuple[int, Any]]]:
-    out: dict[str, list[tuple[int, Any]]] = {}
-    for f in _event_files(path_or_dir):
-        for ev in iter_events(f):
-            if ev.HasField("session_log") and ev.session_log.status == ev.session_log.START:
-                # a restart with purge_step: TensorBoard hides earlier events at steps >= ev.step
-                for tag in out:
-                    out[tag] = [(s, v) for s, v in out[tag] if s < ev.step]
-                continue
-            if not ev.HasField("summary"):
-                continue
-            for val in ev.summary.value:
-                got = pick(val)
-                if got is not None:
-                    out.setdefault(val.tag, []).append((int(ev.step), got))
-    return out
-
-
-def read_events(path_or_dir: str | os.PathLike) -> dict[str, list[tuple[int, float]]]:
-    """Scalars in TensorBoard event files (one file or a directory searched recursively): {tag: [(step, v)]}.
-
-    Files are read in creation order; a purge-step restart drops earlier values at steps >= it, like
-    TensorBoard does."""
-
-    def pick(val):
-        if val.HasField("simple_value"):
-            return float(val.simple_value)
-        if val.HasField("tensor") and val.tensor.float_val and not val.tensor.string_val:
-            return float(val.tensor.float_val[0])  # new-style scalars
-        return None
-
-    return _read(path_or_dir, pick)
-
-
-def read_histograms(path_or_dir: str | os.PathLike) -> dict[str, list[tuple[int, dict]]]:
-    """Histograms: {tag: [(step, {"min", "max", "num", "sum", "sum_squares", "bucket_limit", "bucket"})]}."""
-
-    def pick(val):
-        if not val.HasField("histo"):
-            return None
-        h = val.histo
-        return {
-            "min": h.min,
-            "max": h.max,
-            "num": h.num,
-            "sum": h.sum,
-            "sum_squares": h.sum_squares,
-            "bucket_limit": list(h.bucket_limit),
-            "bucket": list(h.bucket),
-        }
-
-    return _read(path_or_dir, pick)
-
-
-def read_texts(path_or_dir: str | os.PathLike) -> dict[str, list[tuple[int, str]]]:
-    """Text summaries: {tag: [(step, text)]} (tensorboardX appends "/text_summary" to the tag)."""
-
-    def pick(val):
-        if val.HasField("tensor") and val.tensor.string_val:
-            return val.tensor.string_val[0].decode("utf-8")
-        return None
-
-    return _read(path_or_dir, pick)
-
-
 class NullLogger:
     """The logger of processes other than 0 (they write nothing)."""
 
@@ -618,14 +275,3 @@ class NullLogger:
     def table(self, *a, **k) -> None: ...
 
     def close(self) -> None: ...
-
-
-def final_table(results: dict) -> str:
-    sft_r, grpo_r = results.get("sft", {}), results.get("grpo", {})
-    keys = [k for k in sft_r if k.startswith("pass@") or k.endswith("/pass@1")]  # incl. mbpp/, humaneval/
-    before = "after SFT" if "sft_seconds" in results or "sft_from" in results else "before GRPO"
-    lines = ["", f"{'held-out metric':<24}{before:>12}{'after GRPO':>12}"]
-    for k in keys:
-        g = grpo_r.get(k)
-        lines.append(f"{k:<24}{sft_r[k]:>12.3f}{(f'{g:.3f}' if g is not None else '-'):>12}")
-    return "\n".join(lines)

@@ -42,15 +42,10 @@ from grpo_jax.sandbox.executor import Executor
 from grpo_jax.train import sft
 from grpo_jax.train.build import Run, RunConfigError, build, placed_state
 from grpo_jax.train.checkpoint import SignalFlag
+from grpo_jax.train.console import Progress, final_table
 from grpo_jax.train.export import export, params_digest
-from grpo_jax.train.logging import (
-    MetricsLogger,
-    NullLogger,
-    PassRateTable,
-    Progress,
-    final_table,
-    write_json_atomic,
-)
+from grpo_jax.train.logging import MetricsLogger, NullLogger, write_json_atomic
+from grpo_jax.train.pass_rates import PassRateTable
 from grpo_jax.train.resume import check_sft_source, restore, save, sft_params_from
 from grpo_jax.train.state import RunState, make_optimizer
 
