@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.policy_loss import PolicyInputs, policy_loss
 from grpo_jax.config import DPPOConfig, ObjectiveConfig, OptimConfig, PolicyLossConfig
 from grpo_jax.core.surrogates import ALGORITHM_TERMS
 from grpo_jax.errors import ConfigError
@@ -37,15 +37,10 @@ MASK2 = np.array([[1, 1, 1, 1], [1, 1, 0, 1]], np.float32)
 def _loss(lp, mu, adv, mask, params, jit=False):
     def f(logp):
         return policy_loss(
-            logp,
-            logp,  # π_old is not DPPO's anchor: the sampler is
-            None,
-            adv,
-            mask,
+            PolicyInputs(logp, logp, None, adv, mask, logp_behaviour=mu),  # π_old is not DPPO's anchor: μ is
             cfg=TOKEN_MEAN,
             kl_coef=0.0,
             entropy_coef=0.0,
-            logp_behaviour=mu,
             term=TERM,
             term_params=params,
         )
@@ -110,8 +105,9 @@ def test_binary_kl_divergence_matches_skyrl_case3():
 def test_the_mask_needs_the_samplers_logprobs():
     with pytest.raises(ValueError, match="logp_behaviour"):
         policy_loss(
-            jnp.asarray(LP), jnp.asarray(LP), None, ADV, MASK, cfg=TOKEN_MEAN, kl_coef=0.0, entropy_coef=0.0,
-            term=TERM, term_params=dict(mask_low=0.2, mask_high=0.2, divergence="tv", kl_coef=0.0),
+            PolicyInputs(jnp.asarray(LP), jnp.asarray(LP), None, ADV, MASK), cfg=TOKEN_MEAN, kl_coef=0.0,
+            entropy_coef=0.0, term=TERM,
+            term_params=dict(mask_low=0.2, mask_high=0.2, divergence="tv", kl_coef=0.0),
         )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.algorithms import policy_loss as P
+from grpo_jax.algorithms.policy_loss import PolicyInputs
 from grpo_jax.config import PolicyLossConfig
 from grpo_jax.core import advantages as ADV
 from grpo_jax.core import aggregation as AGG
@@ -285,12 +286,14 @@ def test_t5_per_token_loss_and_aggregations(row):
     adv = jnp.array([a, -a])  # [G] per-sequence advantages
     beta = jnp.float32(beta)
     pt, _ = grpo_per_token_loss_j(
-        LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=_cfg(eps_high), kl_coef=beta, entropy_coef=0.0
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=_cfg(eps_high), kl_coef=beta, entropy_coef=0.0
     )
     np.testing.assert_allclose(np.asarray(pt) * np.asarray(MASK), _pad(per_tok), atol=ATOL)
     for aggregation, expected in (("seq_mean_token_mean", grpo), ("token_mean", tok_mean), ("constant", dr)):
         cfg = _cfg(eps_high, aggregation)
-        loss, aux = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
+        loss, aux = grpo_loss_j(
+            PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=cfg, kl_coef=beta, entropy_coef=0.0
+        )
         np.testing.assert_allclose(loss, expected, atol=ATOL)
         np.testing.assert_allclose(aux.loss, expected, atol=ATOL)
 
@@ -299,14 +302,18 @@ def test_t5_eager_matches_jit():
     a, eps_high, beta, per_tok, _, tok_mean, _ = T5_ROWS[3]
     adv = jnp.array([a, -a])
     cfg = _cfg(eps_high, "token_mean")
-    eager, aux_e = P.policy_loss(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
-    jitted, aux_j = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0)
+    eager, aux_e = P.policy_loss(
+        P.PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=cfg, kl_coef=beta, entropy_coef=0.0
+    )
+    jitted, aux_j = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=cfg, kl_coef=beta, entropy_coef=0.0
+    )
     np.testing.assert_allclose(eager, tok_mean, atol=ATOL)
     np.testing.assert_allclose(jitted, tok_mean, atol=ATOL)
     for e, j in zip(aux_e, aux_j, strict=True):
         np.testing.assert_allclose(e, j, atol=ATOL)
     pt, _ = P.policy_per_token_loss(
-        LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=beta, entropy_coef=0.0
+        P.PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=cfg, kl_coef=beta, entropy_coef=0.0
     )
     np.testing.assert_allclose(np.asarray(pt) * np.asarray(MASK), _pad(per_tok), atol=ATOL)
 
@@ -325,7 +332,7 @@ def test_t5_gradients(aggregation):
     adv = jnp.array([A_DDOF1, -A_DDOF1])
 
     def f(lp, lo, lr, a):
-        return P.policy_loss(lp, lo, lr, a, MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
+        return P.policy_loss(P.PolicyInputs(lp, lo, lr, a, MASK), cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
 
     g_lp, g_lo, g_lr, g_a = jax.jit(jax.grad(f, argnums=(0, 1, 2, 3)))(LP_NEW, LP_OLD, LP_REF, adv)
     np.testing.assert_allclose(g_lp, _pad(T5_GRADS[aggregation]), atol=ATOL)
@@ -340,7 +347,9 @@ def test_t5_gradients(aggregation):
 
 def test_t5_aux_diagnostics():
     adv = jnp.array([A_DDOF1, -A_DDOF1])
-    _, aux = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=_cfg(0.2), kl_coef=0.04, entropy_coef=0.0)
+    _, aux = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=_cfg(0.2), kl_coef=0.04, entropy_coef=0.0
+    )
     # seq0 token0 (A>0, rho 1.2214) is high-clipped; seq1 token0 (A<0, rho 0.8187 > 0.8) is not low-clipped.
     np.testing.assert_allclose(aux.clip_high_frac, 1 / 5, atol=ATOL)
     np.testing.assert_allclose(aux.clip_low_frac, 0.0, atol=ATOL)
@@ -363,13 +372,21 @@ def test_per_token_advantage_equals_broadcast_and_ref_none_skips_kl():
     cfg = _cfg(0.2)
     adv = jnp.array([A_DDOF1, -A_DDOF1])
     adv_tok = jnp.broadcast_to(adv[:, None], MASK.shape)
-    l1, _ = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)
-    l2, _ = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv_tok, MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)
-    l2b, _ = grpo_loss_j(LP_NEW, LP_OLD, LP_REF, adv[:, None], MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)
+    l1, _ = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK), cfg=cfg, kl_coef=0.04, entropy_coef=0.0
+    )
+    l2, _ = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv_tok, MASK), cfg=cfg, kl_coef=0.04, entropy_coef=0.0
+    )
+    l2b, _ = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv[:, None], MASK), cfg=cfg, kl_coef=0.04, entropy_coef=0.0
+    )
     np.testing.assert_allclose(l2b, -0.012293, atol=ATOL)
     np.testing.assert_allclose(l1, -0.012293, atol=ATOL)
     np.testing.assert_allclose(l2, -0.012293, atol=ATOL)
-    l3, aux = grpo_loss_j(LP_NEW, LP_OLD, None, adv, MASK, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)
+    l3, aux = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, None, adv, MASK), cfg=cfg, kl_coef=0.04, entropy_coef=0.0
+    )
     np.testing.assert_allclose(l3, -0.013803, atol=ATOL)  # = the β=0 row
     np.testing.assert_allclose(aux.kl, 0.0, atol=ATOL)
 
@@ -378,7 +395,10 @@ def test_entropy_bonus():
     adv = jnp.array([A_DDOF1, -A_DDOF1])
     ent = jnp.full(MASK.shape, 2.0)
     loss, aux = grpo_loss_j(
-        LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=_cfg(0.2), kl_coef=0.0, entropy_coef=0.1, entropy=ent
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK, entropy=ent),
+        cfg=_cfg(0.2),
+        kl_coef=0.0,
+        entropy_coef=0.1,
     )
     np.testing.assert_allclose(loss, -0.013803 - 0.2, atol=ATOL)
     np.testing.assert_allclose(aux.entropy, 2.0, atol=ATOL)
@@ -391,11 +411,7 @@ def test_kl_bias_correction_tis_and_old_anchor():
     beta0 = _pad(T5_ROWS[0][3])  # β=0, ε 0.2/0.2 per-token loss = −surrogate
     # TRL use_bias_correction_kl: KL = k3 * rho
     pt, terms = grpo_per_token_loss_j(
-        LP_NEW,
-        LP_OLD,
-        LP_REF,
-        adv,
-        MASK,
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK),
         cfg=_cfg(0.2, kl_bias_correction=True),
         kl_coef=0.04,
         entropy_coef=0.0,
@@ -405,24 +421,24 @@ def test_kl_bias_correction_tis_and_old_anchor():
     # TIS: behaviour logp = old − log 2 -> weight min(2, 1.5) = 1.5 on the surrogate only, not on the KL.
     lp_b = LP_OLD - jnp.log(2.0)
     pt, terms = grpo_per_token_loss_j(
-        LP_NEW,
-        LP_OLD,
-        LP_REF,
-        adv,
-        MASK,
+        PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK, logp_behaviour=lp_b),
         cfg=_cfg(0.2, tis_cap=1.5),
         kl_coef=0.04,
         entropy_coef=0.0,
-        logp_behaviour=lp_b,
     )
     np.testing.assert_allclose(np.asarray(pt) * MASK, 1.5 * beta0 + 0.04 * k3, atol=ATOL)
     with pytest.raises(ValueError, match="logp_behaviour"):
         grpo_loss_j(
-            LP_NEW, LP_OLD, LP_REF, adv, MASK, cfg=_cfg(0.2, tis_cap=1.5), kl_coef=0.0, entropy_coef=0.0
+            PolicyInputs(LP_NEW, LP_OLD, LP_REF, adv, MASK),
+            cfg=_cfg(0.2, tis_cap=1.5),
+            kl_coef=0.0,
+            entropy_coef=0.0,
         )
     # kl_anchor="old" (the seed's formula, k1 = logp − logp_old): [[0.2, −0.1], [−0.2, 0.2, 0]] -> mean 0.02
     cfg = _cfg(0.2, kl_anchor="old", kl_estimator="k1")
-    _, aux = grpo_loss_j(LP_NEW, LP_OLD, None, adv, MASK, cfg=cfg, kl_coef=0.01, entropy_coef=0.0)
+    _, aux = grpo_loss_j(
+        PolicyInputs(LP_NEW, LP_OLD, None, adv, MASK), cfg=cfg, kl_coef=0.01, entropy_coef=0.0
+    )
     np.testing.assert_allclose(aux.kl, 0.02, atol=ATOL)
 
 
@@ -433,11 +449,7 @@ def test_kl_coef_is_traced_no_retrace():
     def f(logp, kl_coef, entropy_coef, *, cfg):
         traces.append(1)
         return P.policy_loss(
-            logp,
-            LP_OLD,
-            LP_REF,
-            jnp.array([A_DDOF1, -A_DDOF1]),
-            MASK,
+            P.PolicyInputs(logp, LP_OLD, LP_REF, jnp.array([A_DDOF1, -A_DDOF1]), MASK),
             cfg=cfg,
             kl_coef=kl_coef,
             entropy_coef=entropy_coef,
@@ -461,7 +473,10 @@ def test_zero_valid_tokens_no_nan():
             for level in S.IMPORTANCE_LEVELS:
                 cfg = _cfg(0.2, aggregation, importance_level=level)
                 f = lambda x, cfg=cfg: P.policy_loss(
-                    x, LP_OLD, LP_REF, adv, m, cfg=cfg, kl_coef=0.04, entropy_coef=0.01, entropy=ent
+                    P.PolicyInputs(x, LP_OLD, LP_REF, adv, m, entropy=ent),
+                    cfg=cfg,
+                    kl_coef=0.04,
+                    entropy_coef=0.01,
                 )
                 out.append(jax.value_and_grad(f, has_aux=True)(lp))
         return out
@@ -485,16 +500,10 @@ def test_garbage_padding_is_harmless():
     @jax.jit
     def vg(x):
         f = lambda y: P.policy_loss(
-            y,
-            lo,
-            lr,
-            jnp.array([A_DDOF1, -A_DDOF1]),
-            MASK,
+            P.PolicyInputs(y, lo, lr, jnp.array([A_DDOF1, -A_DDOF1]), MASK, entropy=ent, logp_behaviour=lo),
             cfg=cfg,
             kl_coef=0.04,
             entropy_coef=0.0,
-            entropy=ent,
-            logp_behaviour=lo,
         )
         return jax.value_and_grad(f, has_aux=True)(x)
 
@@ -514,7 +523,7 @@ def test_vmap_matches_loop():
     cfg = _cfg(0.28, "token_mean", dual_clip=3.0)
 
     def f(a, b, c, d, e):
-        return P.policy_loss(a, b, c, d, e, cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
+        return P.policy_loss(P.PolicyInputs(a, b, c, d, e), cfg=cfg, kl_coef=0.04, entropy_coef=0.0)[0]
 
     vm = jax.jit(jax.vmap(f))(lp, lo, lr, adv, mask)
     fj = jax.jit(f)
@@ -522,9 +531,11 @@ def test_vmap_matches_loop():
     np.testing.assert_allclose(vm, loop, atol=ATOL)
     # [B, G, T] input: seq_mean_token_mean over B·G sequences == mean of the per-prompt losses
     cfg2 = _cfg(0.28)
-    full = grpo_loss_j(lp, lo, lr, adv, mask, cfg=cfg2, kl_coef=0.04, entropy_coef=0.0)[0]
+    full = grpo_loss_j(P.PolicyInputs(lp, lo, lr, adv, mask), cfg=cfg2, kl_coef=0.04, entropy_coef=0.0)[0]
     per = [
-        grpo_loss_j(lp[i], lo[i], lr[i], adv[i], mask[i], cfg=cfg2, kl_coef=0.04, entropy_coef=0.0)[0]
+        grpo_loss_j(
+            PolicyInputs(lp[i], lo[i], lr[i], adv[i], mask[i]), cfg=cfg2, kl_coef=0.04, entropy_coef=0.0
+        )[0]
         for i in range(N)
     ]
     np.testing.assert_allclose(full, np.mean(per), atol=ATOL)
@@ -554,7 +565,7 @@ def test_t6_gspo():
     cfg = PolicyLossConfig(eps_low=3e-4, eps_high=4e-4, aggregation="seq_mean", importance_level="sequence")
     for a, obj in ((1.0, 1.000400), (-1.0, -1.105171)):
         loss, aux = grpo_loss_j(
-            lp, lp_old, None, jnp.array([a]), mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0
+            PolicyInputs(lp, lp_old, None, jnp.array([a]), mask), cfg=cfg, kl_coef=0.0, entropy_coef=0.0
         )
         np.testing.assert_allclose(loss, -obj, atol=ATOL)
         np.testing.assert_allclose(aux.ratio_mean, 1.105171, atol=ATOL)
@@ -571,7 +582,9 @@ def test_gspo_token_gradient_equals_gspo_when_unclipped():
     @functools.partial(jax.jit, static_argnames=("level",))
     def vg(x, level):
         cfg = PolicyLossConfig(eps_low=0.9, eps_high=10.0, importance_level=level)
-        f = lambda y: P.policy_loss(y, lp_old, None, adv, mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0)[0]
+        f = lambda y: P.policy_loss(
+            P.PolicyInputs(y, lp_old, None, adv, mask), cfg=cfg, kl_coef=0.0, entropy_coef=0.0
+        )[0]
         return jax.value_and_grad(f)(x)
 
     (v_seq, g_seq), (v_tok, g_tok) = vg(lp, "sequence"), vg(lp, "sequence_token")
@@ -716,7 +729,12 @@ def test_constant_aggregation_without_max_len_fails_at_use():
     cfg = PolicyLossConfig(aggregation="constant")
     x = jnp.zeros((2, 3))
     with pytest.raises(ValueError, match="max_len"):
-        P.policy_loss(x, x, None, jnp.zeros((2,)), jnp.ones((2, 3)), cfg=cfg, kl_coef=0.0, entropy_coef=0.0)
+        P.policy_loss(
+            P.PolicyInputs(x, x, None, jnp.zeros((2,)), jnp.ones((2, 3))),
+            cfg=cfg,
+            kl_coef=0.0,
+            entropy_coef=0.0,
+        )
 
 
 def test_config_defaults_and_hashable():

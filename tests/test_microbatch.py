@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.policy_loss import PolicyInputs, policy_loss
 from grpo_jax.config import ObjectiveConfig, OptimConfig, PolicyLossConfig
 from grpo_jax.policies import sampling
 from grpo_jax.policies import transformer as tfm
@@ -103,11 +103,7 @@ def test_normalising_by_the_micro_batch_instead_would_differ(batch):
         lp, _ = logp_fn(params, b.prompt, b.prompt_mask, b.completions, 1.0)
         adv = jnp.asarray(b.rewards) - jnp.asarray(b.rewards).mean(-1, keepdims=True)
         return policy_loss(
-            lp,
-            jax.lax.stop_gradient(lp),
-            None,
-            adv,
-            b.completion_mask,
+            PolicyInputs(lp, jax.lax.stop_gradient(lp), None, adv, b.completion_mask),
             cfg=loss,
             kl_coef=0.0,
             entropy_coef=0.0,

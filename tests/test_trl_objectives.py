@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.policy_loss import PolicyInputs, policy_loss
 from grpo_jax.config import PolicyLossConfig
 from grpo_jax.core.advantages import multi_reward_advantages
 from grpo_jax.core.metrics import masked_quantile
@@ -190,14 +190,16 @@ def ours(x: dict, o: dict):
 
     def f(lp, ent):
         loss, _ = policy_loss(
-            lp,
-            garbage(x["old"]),
-            garbage(x["ref"]) if o["beta"] else None,
-            jnp.asarray(x["adv"], jnp.float32),
-            m,
+            PolicyInputs(
+                lp,
+                garbage(x["old"]),
+                garbage(x["ref"]) if o["beta"] else None,
+                jnp.asarray(x["adv"], jnp.float32),
+                m,
+                entropy=ent,
+                logp_behaviour=beh,
+            ),
             cfg=cfg,
-            entropy=ent,
-            logp_behaviour=beh,
             **call,
         )
         return loss
@@ -302,7 +304,9 @@ ONE = dict(kl_coef=0.0, entropy_coef=0.0)
 def _one(cfg, lp, old, adv, mask=None, **kw):
     lp, old = jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32)
     m = jnp.ones_like(lp) if mask is None else jnp.asarray(mask, jnp.float32)
-    return policy_loss(lp, old, None, jnp.asarray(adv, jnp.float32), m, cfg=cfg, **{**ONE, **kw})
+    return policy_loss(
+        PolicyInputs(lp, old, None, jnp.asarray(adv, jnp.float32), m), cfg=cfg, **{**ONE, **kw}
+    )
 
 
 def test_cispo_literal():
@@ -344,7 +348,9 @@ def test_off_policy_mask_and_top_entropy_literals():
     cfg = PolicyLossConfig(off_policy_mask_threshold=0.3, aggregation="token_mean")
     lp = jnp.asarray([[-1.0, -1.0], [-1.0, -1.0]])
     loss, aux = policy_loss(
-        lp, lp, None, jnp.asarray([-1.0, 1.0]), jnp.ones((2, 2)), cfg=cfg, logp_behaviour=lp + 0.5, **ONE
+        PolicyInputs(lp, lp, None, jnp.asarray([-1.0, 1.0]), jnp.ones((2, 2)), logp_behaviour=lp + 0.5),
+        cfg=cfg,
+        **ONE,
     )
     np.testing.assert_allclose(loss, -2.0 / 4, rtol=1e-6)  # only sequence 1's two tokens (−1 each) of 4
     assert float(aux.off_policy_kept) == 0.5
@@ -355,7 +361,7 @@ def test_off_policy_mask_and_top_entropy_literals():
     cfg = PolicyLossConfig(top_entropy_quantile=0.5, aggregation="token_mean")
     ent = jnp.asarray([[0.1, 0.4], [0.3, 0.2]])
     loss, aux = policy_loss(
-        lp, lp, None, jnp.asarray([1.0, 1.0]), jnp.ones((2, 2)), cfg=cfg, entropy=ent, **ONE
+        PolicyInputs(lp, lp, None, jnp.asarray([1.0, 1.0]), jnp.ones((2, 2)), entropy=ent), cfg=cfg, **ONE
     )
     np.testing.assert_allclose(loss, -2.0 / 4, rtol=1e-6)
     assert float(aux.entropy_kept) == 0.5
@@ -370,14 +376,17 @@ def test_sequence_level_kl_bias_correction_and_metrics():
     for level, w in (("sequence", [1.0, 1.0]), ("token", [math.exp(0.2), math.exp(-0.2)])):
         cfg = PolicyLossConfig(importance_level=level, kl_bias_correction=True, aggregation="token_mean")
         _, aux = policy_loss(
-            lp, old, ref, jnp.asarray([0.0]), jnp.ones((1, 2)), cfg=cfg, kl_coef=1.0, entropy_coef=0.0
+            PolicyInputs(lp, old, ref, jnp.asarray([0.0]), jnp.ones((1, 2))),
+            cfg=cfg,
+            kl_coef=1.0,
+            entropy_coef=0.0,
         )
         np.testing.assert_allclose(aux.kl, (k3[0] * w[0] + k3[1] * w[1]) / 2, rtol=1e-5)
     # sequence-level clip metrics are plain means over sequences: 1 clipped sequence (length 1) of 4 -> 0.25
     lp = jnp.asarray([[0.0, 0, 0], [0, 0, 0], [0, 0, 0], [1.0, 0, 0]])
     mask = jnp.asarray([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 0, 0]], jnp.float32)
     cfg = PolicyLossConfig(importance_level="sequence")
-    _, aux = policy_loss(lp, jnp.zeros_like(lp), None, jnp.ones(4), mask, cfg=cfg, **ONE)
+    _, aux = policy_loss(PolicyInputs(lp, jnp.zeros_like(lp), None, jnp.ones(4), mask), cfg=cfg, **ONE)
     assert (
         float(aux.clip_high_frac) == 0.25
         and float(aux.clip_high_max) == 1.0
@@ -395,7 +404,9 @@ def test_new_objectives_jit_equals_no_jit():
 
         def f(lp, old, ref, adv, mask, cfg=cfg, call=call):
             return policy_loss(
-                lp, old, ref, adv, mask, cfg=cfg, entropy=jnp.asarray(x["ent"]), logp_behaviour=old, **call
+                PolicyInputs(lp, old, ref, adv, mask, entropy=jnp.asarray(x["ent"]), logp_behaviour=old),
+                cfg=cfg,
+                **call,
             )[0]
 
         np.testing.assert_allclose(jax.jit(f)(*args), f(*args), rtol=1e-6)
@@ -506,5 +517,7 @@ def test_vespo_phi_seq_mean_is_the_mean_over_sequences():
     lp_old = lp_old - 1.0
     mask = jnp.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     cfg = PolicyLossConfig(objective="vespo", aggregation="token_mean")
-    _, aux = policy_loss(lp, lp_old, None, jnp.ones(2), mask, cfg=cfg, kl_coef=0.0, entropy_coef=0.0)
+    _, aux = policy_loss(
+        PolicyInputs(lp, lp_old, None, jnp.ones(2), mask), cfg=cfg, kl_coef=0.0, entropy_coef=0.0
+    )
     assert float(aux.phi_seq_mean) == pytest.approx((1.0 + 4 * math.exp(-3)) / 2, abs=1e-6)

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.algorithms.base import Algorithm, PolicyOutputs, Rows, combine_aux
-from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.policy_loss import PolicyInputs, policy_loss
 from grpo_jax.config import ObjectiveConfig
 from grpo_jax.core.advantages import compute_advantages, pool_baseline_advantages
 from grpo_jax.core.metrics import masked_std
@@ -56,16 +56,18 @@ def policy_loss_of(obj: ObjectiveConfig, *, behaviour: bool | None = None, **ter
 
     def loss(out: PolicyOutputs, rows: Rows, coefs, norm: dict):
         value, aux = policy_loss(
-            out.logp,
-            rows.old.logp,
-            rows.old.ref,
-            rows.targets,
-            rows.mask,
+            PolicyInputs(
+                out.logp,
+                rows.old.logp,
+                rows.old.ref,
+                rows.targets,
+                rows.mask,
+                entropy=out.entropy,
+                logp_behaviour=rows.batch.logp_sampler if behaviour else None,
+            ),
             cfg=obj.loss,
             kl_coef=coefs.kl,
             entropy_coef=coefs.entropy,
-            entropy=out.entropy,
-            logp_behaviour=rows.batch.logp_sampler if behaviour else None,
             **term,
             **norm,
         )

@@ -3,7 +3,8 @@ grpo_jax.core.surrogates at the configured importance level, the IS correction, 
 top-entropy masks, a KL term and an entropy bonus, aggregated (grpo_jax.core.aggregation). The configuration
 is `grpo_jax.config.PolicyLossConfig` (static: one compiled loss per configuration); the math is core's.
 
-    loss, aux = policy_loss(logp, logp_old, logp_ref, adv, mask, cfg=cfg, kl_coef=β, entropy_coef=c, ...)
+    x = PolicyInputs(logp, logp_old, logp_ref, adv, mask, entropy=None, logp_behaviour=None)
+    loss, aux = policy_loss(x, cfg=cfg, kl_coef=β, entropy_coef=c, num_items=None, term=None)
 
 Sign convention: the LOSS (= −J, to minimise). `logp_old`, `logp_ref`, `logp_behaviour` and the advantages are
 stop-gradient'ed inside, so `jax.grad(loss)(logp)` is the gradient the trainer applies.
@@ -69,18 +70,26 @@ class LossAux(NamedTuple):
     phi_seq_mean: jax.Array  # VESPO: mean of φ over the sequences (TRL vespo/phi_seq_mean; 1 for others)
 
 
+class PolicyInputs(NamedTuple):
+    """The per-token inputs of the policy loss, as `policy_loss` describes them: logp, logp_old [..., T],
+    logp_ref [..., T] or None, adv [...] or [..., T], mask [..., T], entropy [..., T] or None, logp_behaviour
+    [..., T] or None (the sampler's)."""
+
+    logp: jax.Array
+    logp_old: jax.Array
+    logp_ref: jax.Array | None
+    adv: jax.Array
+    mask: jax.Array
+    entropy: jax.Array | None = None
+    logp_behaviour: jax.Array | None = None
+
+
 def policy_per_token_loss(
-    logp: jax.Array,
-    logp_old: jax.Array,
-    logp_ref: jax.Array | None,
-    adv: jax.Array,
-    mask: jax.Array,
+    x: PolicyInputs,
     *,
     cfg: PolicyLossConfig,
     kl_coef: jax.Array | float,
     entropy_coef: jax.Array | float,
-    entropy: jax.Array | None = None,
-    logp_behaviour: jax.Array | None = None,
     entropy_threshold: jax.Array | None = None,
     term: Surrogate | None = None,
     term_params: dict | None = None,
@@ -99,6 +108,7 @@ def policy_per_token_loss(
     replaced by 0 where mask == 0 before use, so garbage there (−inf, NaN) reaches neither the loss nor the
     gradient; the aggregation then masks those positions out.
     """
+    logp, logp_old, logp_ref, adv, mask, entropy, logp_behaviour = x
     m = jnp.asarray(mask, jnp.float32)  # [..., T]
     valid = m > 0
 
@@ -215,17 +225,11 @@ def policy_per_token_loss(
 
 
 def policy_loss(
-    logp: jax.Array,
-    logp_old: jax.Array,
-    logp_ref: jax.Array | None,
-    adv: jax.Array,
-    mask: jax.Array,
+    x: PolicyInputs,
     *,
     cfg: PolicyLossConfig,
     kl_coef: jax.Array | float,
     entropy_coef: jax.Array | float,
-    entropy: jax.Array | None = None,
-    logp_behaviour: jax.Array | None = None,
     num_items: jax.Array | float | None = None,
     num_seqs: int | None = None,
     entropy_threshold: jax.Array | None = None,
@@ -254,17 +258,12 @@ def policy_loss(
     an algorithm's own policy term (core.surrogates.ALGORITHM_TERMS, e.g. DPPO) with its parameters, in place
     of cfg.objective's. Returns (loss, LossAux).
     """
+    logp, logp_old, logp_ref, adv, mask, entropy, logp_behaviour = x
     per_token, t = policy_per_token_loss(
-        logp,
-        logp_old,
-        logp_ref,
-        adv,
-        mask,
+        x,
         cfg=cfg,
         kl_coef=kl_coef,
         entropy_coef=entropy_coef,
-        entropy=entropy,
-        logp_behaviour=logp_behaviour,
         entropy_threshold=entropy_threshold,
         term=term,
         term_params=term_params,

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.algorithms.base import Algorithm, Coefs, PolicyOutputs, Rows, combine_aux
-from grpo_jax.algorithms.policy_loss import LossAux, policy_loss
+from grpo_jax.algorithms.policy_loss import LossAux, PolicyInputs, policy_loss
 from grpo_jax.config import ObjectiveConfig, PolicyLossConfig
 from grpo_jax.core.metrics import explained_variance, masked_mean
 from grpo_jax.core.value import PPOTargets, clipped_value_loss, ppo_token_advantages
@@ -59,16 +59,10 @@ def ppo_loss(
     advantages with its KL term off, + vf_coef x the clipped value loss (its token count = the policy term's
     `num_items` when given). Returns (loss, (LossAux with the total loss, ValueAux))."""
     loss, aux = policy_loss(
-        logp,
-        logp_old,
-        logp_ref,
-        adv,
-        mask,
+        PolicyInputs(logp, logp_old, logp_ref, adv, mask, entropy=entropy, logp_behaviour=logp_behaviour),
         cfg=cfg,
         kl_coef=0.0,
         entropy_coef=entropy_coef,
-        entropy=entropy,
-        logp_behaviour=logp_behaviour,
         **norm,
     )
     vf, vf_clip = clipped_value_loss(

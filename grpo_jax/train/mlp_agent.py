@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from grpo_jax.algorithms.policy_loss import policy_loss
+from grpo_jax.algorithms.policy_loss import PolicyInputs, policy_loss
 from grpo_jax.algorithms.ppo import ppo_loss
 from grpo_jax.config import PolicyLossConfig
 from grpo_jax.core.advantages import group_zscore, whiten
@@ -145,15 +145,10 @@ def make_grpo_train_step(task: BanditTask, cfg: GRPOAgentConfig):
             logp = mlp.dist_logp(out, actions)[..., None]  # [B, G, 1]
             ent = mlp.dist_entropy(out)[..., None]  # [B, G, 1]
             return policy_loss(
-                logp,
-                logp_old,
-                logp_ref,
-                adv,
-                mask,
+                PolicyInputs(logp, logp_old, logp_ref, adv, mask, entropy=ent),
                 cfg=cfg.loss,
                 kl_coef=state.kl_coef,
                 entropy_coef=state.entropy_coef,
-                entropy=ent,
             )
 
         def inner(carry, _):
