@@ -92,7 +92,13 @@ def built(tmp_path_factory):
         if name not in cache:
             cfg_cls, model_cls, kw, _ = CASES[name]
             torch.manual_seed(sum(map(ord, name)))
-            model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
+            # float32 whatever torch's default dtype (tests/test_trl_objectives.py sets float64 at import,
+            # which every module collected after it in the same worker inherits)
+            model = (
+                getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw))
+                .to(torch.float32)
+                .eval()
+            )
             with torch.no_grad():
                 for p in model.parameters():
                     p.add_(0.05 * torch.randn_like(p))
