@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_jax.policies import transformer as tfm
-from grpo_jax.policies.families.base import ConfigReader, Family, same_bias
+from grpo_jax.policies.families.base import EXTRA_FIELDS, ConfigReader, Family, same_bias
 
 GEMMA_NORMS = {
     "attn_norm": "input_layernorm",
@@ -111,19 +111,7 @@ class Gemma2(Family):
     )
     activation_key = "hidden_activation"
     activations = ("gelu_tanh",)
-    extras = frozenset(
-        {
-            "sliding_window",
-            "layer_types",
-            "norm_offset",
-            "mlp_act",
-            "post_norms",
-            "embed_scale",
-            "query_pre_attn_scalar",
-            "attn_softcap",
-            "final_softcap",
-        }
-    )
+    extras = frozenset(EXTRA_FIELDS) - {"rope_local_theta", "no_rope_layers"}
     eog_tokens = ("<end_of_turn>",)
     norm_tensors = GEMMA_NORMS
 

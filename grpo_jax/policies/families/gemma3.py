@@ -19,7 +19,7 @@ from typing import Any
 
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.policies.families.base import ConfigReader, Family, rope_to_hf
-from grpo_jax.policies.families.gemma2 import GEMMA_NORMS, gemma_check, gemma_common, gemma_write
+from grpo_jax.policies.families.gemma2 import GEMMA_NORMS, Gemma2, gemma_check, gemma_common, gemma_write
 
 DEFAULT_THETA = {"global": 1_000_000.0, "local": 10_000.0}  # Gemma3TextConfig.default_theta
 
@@ -27,26 +27,15 @@ DEFAULT_THETA = {"global": 1_000_000.0, "local": 10_000.0}  # Gemma3TextConfig.d
 class Gemma3Text(Family):
     model_type = "gemma3_text"
     architecture = "Gemma3ForCausalLM"
-    defaults = dict(  # transformers 5.x Gemma3TextConfig
-        vocab_size=262_208,
-        hidden_size=2304,
-        intermediate_size=9216,
-        num_hidden_layers=26,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        head_dim=256,
-        hidden_activation="gelu_pytorch_tanh",
-        max_position_embeddings=131_072,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        query_pre_attn_scalar=256,
-        sliding_window=4096,
-        final_logit_softcapping=None,
-        attn_logit_softcapping=None,
-        use_bidirectional_attention=False,
-        sliding_window_pattern=6,
-    )
+    defaults = {  # transformers 5.x Gemma3TextConfig: Gemma2Config's, but for these
+        **Gemma2.defaults,
+        "vocab_size": 262_208,
+        "max_position_embeddings": 131_072,
+        "final_logit_softcapping": None,
+        "attn_logit_softcapping": None,
+        "use_bidirectional_attention": False,
+        "sliding_window_pattern": 6,
+    }
     default_theta = DEFAULT_THETA["global"]
     activation_key = "hidden_activation"
     activations = ("gelu_tanh",)

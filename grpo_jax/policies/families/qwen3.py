@@ -10,29 +10,14 @@ from typing import Any
 
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.policies.families.base import ConfigReader, Family, same_bias
-from grpo_jax.policies.families.qwen2 import qwen_layer_types, qwen_window_keys
+from grpo_jax.policies.families.qwen2 import Qwen2, qwen_layer_types, qwen_window_keys
 
 
 class Qwen3(Family):
     model_type = "qwen3"
     architecture = "Qwen3ForCausalLM"
-    defaults = dict(  # transformers 5.x Qwen3Config
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=22016,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        head_dim=128,
-        hidden_act="silu",
-        max_position_embeddings=32768,
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        attention_bias=False,
-        use_sliding_window=False,
-        sliding_window=4096,
-        max_window_layers=28,
-    )
+    # transformers 5.x Qwen3Config: Qwen2Config's, but for these
+    defaults = {**Qwen2.defaults, "head_dim": 128, "attention_bias": False}
     eog_tokens = ("<|im_end|>", "<|endoftext|>")  # ChatML
 
     def read(self, r: ConfigReader, *, n_layers: int, max_pos: int) -> dict[str, Any]:
