@@ -167,6 +167,18 @@ def stdio_test(stdin: str, expected: str, label: str, **kw) -> tuple[TestCase, s
     return case, shown
 
 
+def listed_stdio_tests(items: list[dict], ctx: Ctx, field: str) -> list[tuple[TestCase, str]]:
+    """stdin/stdout tests from a list of {"input", "output"} (strings or lists of lines), "test i" each."""
+    return [
+        stdio_test(
+            lines(t["input"], ctx, f"{field}[{i}].input"),
+            lines(t["output"], ctx, f"{field}[{i}].output"),
+            f"test {i}",
+        )
+        for i, t in enumerate(items)
+    ]
+
+
 def call_test(
     fn: str, solution_cls: bool, args: list, expected: Any, label: str, ctx: Ctx, field: str
 ) -> tuple[TestCase, str]:

@@ -93,11 +93,6 @@ def detect(fields) -> Format | None:
     return None
 
 
-def describe_all() -> str:
-    """Every format's description, for the "unknown schema" error."""
-    return "; ".join(f.title for f in FORMATS.values())
-
-
 def docs_table() -> str:
     """The formats table of docs/DATA_FORMATS.md (between its "formats table: generated" markers), in
     detection order: `python -m grpo_jax.data` prints it."""

@@ -15,10 +15,8 @@ primeintellect, taco, lcbv5, codeforces; columns `problem`, `tests`, and where a
 
 from __future__ import annotations
 
-import json
-
 from grpo_jax.data import common as c
-from grpo_jax.data.formats import apps
+from grpo_jax.data.formats import apps, livecodebench
 from grpo_jax.data.registry import Format, register
 from grpo_jax.problem import Problem
 
@@ -75,18 +73,7 @@ def _listed(tests: list, meta: dict, cls: bool, ctx: c.Ctx) -> tuple[str, str, l
             raise c.DatasetError(ctx.where, f"tests[{i}]", "malformed", _TESTS)
     marks = {t.get("testtype") or t.get("type") or "stdin" for t in tests}
     if marks <= {"stdin", "stdin_stdout"}:
-        return (
-            "stdio",
-            "",
-            [
-                c.stdio_test(
-                    c.lines(t["input"], ctx, f"tests[{i}].input"),
-                    c.lines(t["output"], ctx, f"tests[{i}].output"),
-                    f"test {i}",
-                )
-                for i, t in enumerate(tests)
-            ],
-        )
+        return "stdio", "", c.listed_stdio_tests(tests, ctx, "tests")
     if marks == {"function_call"}:  # SYNTHETIC-1's layout
         fn = c.fn_name(tests[0].get("fn_name") or meta.get("func_name"), ctx, "tests[0].fn_name")
         ins, outs = [t["input"] for t in tests], [t["output"] for t in tests]
@@ -97,14 +84,7 @@ def _listed(tests: list, meta: dict, cls: bool, ctx: c.Ctx) -> tuple[str, str, l
         for i, t in enumerate(tests):
             if not isinstance(t["input"], str) or not isinstance(t["output"], str):
                 raise c.DatasetError(ctx.where, f"tests[{i}]", "input / output not strings", _TESTS)
-            try:
-                args = [json.loads(line) for line in t["input"].split("\n")]
-            except json.JSONDecodeError as e:
-                raise c.DatasetError(
-                    ctx.where, f"tests[{i}].input", f"a line is not JSON ({e.msg})", "one JSON value a line"
-                ) from None
-            expected = c.json_field(t["output"], ctx, f"tests[{i}].output", "one JSON value")
-            out.append(c.call_test(fn, cls, args, expected, f"test {i}", ctx, f"tests[{i}]"))
+            out.append(livecodebench.functional_test(fn, cls, t, f"test {i}", ctx, f"tests[{i}]"))
         return "call", fn, out
     raise c.DatasetError(
         ctx.where,

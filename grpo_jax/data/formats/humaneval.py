@@ -9,12 +9,12 @@ from grpo_jax.data.registry import Format, register
 from grpo_jax.problem import Problem
 
 
-def legacy(row: dict, ctx: c.Ctx, name: str, fn) -> Problem:
-    """A HumanEval / MBPP converter's errors as one DatasetError naming the row."""
+def legacy(row: dict, ctx: c.Ctx, fmt: Format, fn) -> Problem:
+    """A HumanEval / MBPP converter's errors as one DatasetError naming the row and the format."""
     try:
         return fn(row)
     except (KeyError, TypeError, ValueError, AttributeError, SyntaxError) as e:
-        raise c.DatasetError(ctx.where, "row", f"{type(e).__name__}: {e}", FORMAT_TITLES[name]()) from None
+        raise c.DatasetError(ctx.where, "row", f"{type(e).__name__}: {e}", fmt.title) from None
 
 
 def missing(row: dict, ctx: c.Ctx, fmt: Format) -> None:
@@ -25,7 +25,7 @@ def missing(row: dict, ctx: c.Ctx, fmt: Format) -> None:
 
 def convert(row: dict, ctx: c.Ctx) -> Problem:
     missing(row, ctx, FORMAT)
-    return legacy(row, ctx, "humaneval", datasets.humaneval_problem)
+    return legacy(row, ctx, FORMAT, datasets.humaneval_problem)
 
 
 FORMAT = register(
@@ -39,4 +39,3 @@ FORMAT = register(
         unique_ids=False,
     )
 )
-FORMAT_TITLES = {"humaneval": lambda: FORMAT.title}

@@ -22,6 +22,7 @@ from grpo_jax.data import common as c
 from grpo_jax.data.registry import Format, register
 from grpo_jax.problem import Problem
 from grpo_jax.sandbox.asserts import defined_names
+from grpo_jax.sandbox.pytest_tests import split_pytest
 
 INSTRUCTION = (
     "Write a Python program that defines {names}. The tests import {them} from your program "
@@ -45,8 +46,6 @@ def _entry_points(row: dict, ctx: c.Ctx) -> list[str]:
 
 
 def convert(row: dict, ctx: c.Ctx) -> Problem:
-    from grpo_jax.sandbox.pytest_tests import split_pytest
-
     qid = row.get("question_id")
     tid = c.task_id(row, "question_id", ctx) if qid not in (None, "") else f"kodcode/{ctx.index}"
     question = c.text(row, "question", ctx, nonempty=True)

@@ -121,6 +121,19 @@ def decode_lcb_private(text: str) -> Any:
         raise ValueError(f"the pickled string is not JSON ({e.msg})") from None
 
 
+def functional_test(fn: str, cls: bool, t: dict, label: str, ctx: c.Ctx, field: str) -> tuple:
+    """A functional test {"input": str, "output": str} as LiveCodeBench reads it: each line of `input` one
+    JSON argument, `output` one JSON value (also DeepCoder's lcbv5 layout)."""
+    try:
+        args = [json.loads(line) for line in t["input"].split("\n")]
+    except json.JSONDecodeError as e:
+        raise c.DatasetError(
+            ctx.where, field + ".input", f"a line is not JSON ({e.msg})", "one JSON value a line"
+        ) from None
+    expected = c.json_field(t["output"], ctx, field + ".output", "one JSON value")
+    return c.call_test(fn, cls, args, expected, label, ctx, field)
+
+
 def convert(row: dict, ctx: c.Ctx) -> Problem:
     """LiveCodeBench lcb_runner/benchmarks/code_generation.py (CodeGenerationProblem, Test) and
     lcb_runner/evaluation/testing_util.py (run_test, grade_call_based, grade_stdio):
@@ -184,15 +197,8 @@ def convert(row: dict, ctx: c.Ctx) -> Problem:
                 )
             if kind == "stdio":
                 out.append(c.stdio_test(t["input"], t["output"], f"{label} {i}"))
-                continue
-            try:
-                args = [json.loads(line) for line in t["input"].split("\n")]
-            except json.JSONDecodeError as e:
-                raise c.DatasetError(
-                    ctx.where, f + ".input", f"a line is not JSON ({e.msg})", "one JSON value a line"
-                ) from None
-            expected = c.json_field(t["output"], ctx, f + ".output", "one JSON value")
-            out.append(c.call_test(fn, cls, args, expected, f"{label} {i}", ctx, f))
+            else:
+                out.append(functional_test(fn, cls, t, f"{label} {i}", ctx, f))
         tests.append(out)
     return c.make_problem(
         ctx,

@@ -15,7 +15,7 @@ from grpo_jax.problem import Problem
 
 def convert(row: dict, ctx: c.Ctx) -> Problem:
     humaneval.missing(row, ctx, FORMAT)
-    return humaneval.legacy(row, ctx, "mbpp", datasets.mbpp_problem)
+    return humaneval.legacy(row, ctx, FORMAT, datasets.mbpp_problem)
 
 
 def either(row: dict, ctx: c.Ctx) -> Problem:
@@ -42,4 +42,3 @@ FORMAT = register(
         unique_ids=False,
     )
 )
-humaneval.FORMAT_TITLES["mbpp"] = lambda: FORMAT.title

@@ -74,13 +74,7 @@ def convert(row: dict, ctx: c.Ctx) -> Problem:
         fn = c.fn_name(cases[0].get("fn_name"), ctx, f"{field}[0].fn_name")
         hidden = apps.call_tests(fn, False, ins, outs, ctx, field, json_strings=True)
     else:
-        kind, fn = "stdio", ""
-        hidden = [
-            c.stdio_test(
-                c.lines(a, ctx, f"{field}[{i}].input"), c.lines(b, ctx, f"{field}[{i}].output"), f"test {i}"
-            )
-            for i, (a, b) in enumerate(zip(ins, outs, strict=True))
-        ]
+        kind, fn, hidden = "stdio", "", c.listed_stdio_tests(cases, ctx, field)
     gold = c.text(row, "gold_standard_solution", ctx, required=False)
     return c.make_problem(
         ctx,
