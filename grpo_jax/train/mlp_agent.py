@@ -381,6 +381,31 @@ def make_ppo_train_step(env: toy.Chain, cfg: PPOAgentConfig):
     return jax.jit(train_step, donate_argnums=0)
 
 
+def evaluate_chain(params: dict, env: toy.Chain, key: Array, num: int = 1024) -> Metrics:
+    """The chain's counterpart of ``evaluate_bandit``: ``num`` episodes from the same start positions with
+    sampled actions (``chain_rollout``) and with the greedy action (argmax logit). Returns the mean episode
+    return (= the fraction of episodes that reach the goal by the horizon) and length of each."""
+    sampled = chain_rollout(params, env, key, num)
+    state, obs = env.reset(jax.random.split(key)[0], num)  # chain_rollout's own reset key: the same starts
+
+    def step(carry, _):
+        state, obs = carry
+        logits = mlp.apply(params, obs).logits
+        if logits is None:
+            raise ValueError("evaluate_chain: the policy must be discrete (the chain has 2 actions)")
+        alive = (~state.done).astype(jnp.float32)
+        state, next_obs, reward, _ = env.step(state, jnp.argmax(logits, axis=-1).astype(jnp.int32))
+        return (state, next_obs), (reward, alive)
+
+    _, (reward, alive) = jax.lax.scan(step, (state, obs), None, length=env.horizon)  # [T, N]
+    return {
+        "episode_return": sampled.reward.sum(-1).mean(),
+        "episode_length": sampled.mask.sum(-1).mean(),
+        "greedy_return": reward.sum(0).mean(),
+        "greedy_length": alive.sum(0).mean(),
+    }
+
+
 def run(train_step, state: Any, key: Array, num_steps: int) -> tuple[Any, list[Metrics]]:
     """Host loop: ``num_steps`` calls of ``train_step``; returns the final state and host-side metrics."""
     history = []
