@@ -60,7 +60,7 @@ def env(tmp_path_factory):
             seen, digests = [], []
 
             def evaluate(*args, seen=seen, **kw):  # the main job's evaluation and what it computed it from
-                details = kw["details"] = {}
+                details = kw.setdefault("details", {})
                 seen.append((real_evaluate(*args, **kw), details))
                 return seen[-1][0]
 

@@ -72,6 +72,13 @@ SFT_INPUTS = (
     "sft.batch",
     "sft.lr",
     "sft.warmup_steps",
+    "sft.data",
+    # how --sft_data's inputs are read (which problems, their prompts; codeio: the first --codeio_tasks)
+    "tasks.data_format",
+    "tasks.visible_tests",
+    "tasks.max_problems",
+    "tasks.difficulty",
+    "tasks.codeio_tasks",
     "rollout.max_new_tokens",
 )
 SFT_INPUTS_EXCLUDED = ("model.logp_chunk",)  # GRPO's chunked head only: SFT computes full logits

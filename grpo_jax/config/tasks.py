@@ -17,6 +17,13 @@ TASK_SOURCES = ("procedural", "mbpp", "codeio", "file")
 DATA_FORMATS = ("auto", *data_registry.names())
 GRADE_TESTS = ("all", "private")
 PROMPT_FORMATS = ("plain", "chat")
+# the inputs of --sft_data that are words, not paths: MBPP's train split, the CodeI/O train split
+SFT_DATA_WORDS = ("mbpp", "codeio")
+
+
+def sft_data_inputs(text: str) -> list[str]:
+    """The inputs of --sft_data (comma-separated, each a dataset path or one of SFT_DATA_WORDS), in order."""
+    return [x.strip() for x in text.split(",")] if text.strip() else []
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +58,8 @@ class TaskConfig:
     )
     data_format: str = opt(
         "auto",
-        "The format of --train_data / --eval_data; auto = detected from the columns (parquet / Arrow) or the "
-        "first row's fields (JSON).",
+        "The format of --train_data / --eval_data and of --sft_data's files; auto = detected from the "
+        "columns (parquet / Arrow) or the first row's fields (JSON), for each input.",
         choices=DATA_FORMATS,
     )
     grade_tests: str = opt(
@@ -69,8 +76,8 @@ class TaskConfig:
     max_tests: int = opt(0, "Keep at most this many hidden tests per file problem (0: all).")
     max_problems: int = opt(
         0,
-        "Read at most this many problems of each --train_data / --eval_data input, in file order (0: all); "
-        "a large file is read only as far as needed.",
+        "Read at most this many problems of each --train_data / --eval_data / --sft_data file, in file order "
+        "(0: all); a large file is read only as far as needed.",
     )
     difficulty: str = opt(
         "",
@@ -164,16 +171,38 @@ class SFTConfig:
         "decides them (config.SFT_INPUTS: seed, model, SFT tasks and settings; checked). Empty = SFT here.",
         flag="sft_from",
     )
+    data: str = opt(
+        "",
+        "Run the warm start on the reference solutions of these problems instead of the source's SFT "
+        "problems: comma-separated inputs, each a dataset input read as --train_data is (any format and "
+        "container of docs/DATA_FORMATS.md, --data_format, --max_problems, --difficulty), or the word mbpp "
+        "(MBPP's train split) or codeio (the CodeI/O train split); problems without a reference solution are "
+        "left out. Needs --sft_steps > 0. Empty = the source's SFT problems.",
+    )
 
     def __post_init__(self):
         if self.steps is not None and not (_is_int(self.steps) and self.steps >= 0):
             fail(self, "steps", "must be an integer >= 0, or auto (None)")
+        if any(not x for x in sft_data_inputs(self.data)):
+            fail(self, "data", "an empty input between commas: give PATH[,PATH...] (or mbpp, codeio)")
+        if self.data and self.steps == 0:  # also after RunConfig resolves auto (a replace runs this again)
+            fail(
+                self,
+                "data",
+                "the SFT warm start's problems: needs --sft_steps > 0 (this run has 0; auto is 0 for a "
+                "pretrained --init_from model): give --sft_steps=N, or drop --sft_data",
+            )
         _positive(self, ("warmup_steps",), strict=False)
         _positive(self, ("batch", "lr"))
 
 
-# the sub-settings of the tasks' optional mechanisms (base.Mechanism: one rule); the last three are the
-# run's (scope "": they read the evaluation's settings too), checked by RunConfig
+def sft_data_files(text: str) -> list[str]:
+    """The inputs of --sft_data that are dataset paths (not SFT_DATA_WORDS)."""
+    return [x for x in sft_data_inputs(text) if x not in SFT_DATA_WORDS]
+
+
+# the sub-settings of the tasks' optional mechanisms (base.Mechanism: one rule); problem_files and the last
+# three are the run's (scope "": they read --sft_data or the evaluation's settings too), checked by RunConfig
 SUB_SETTINGS: tuple[Mechanism, ...] = (
     Mechanism(
         "procedural",
@@ -202,14 +231,20 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
         lambda t: f"--source={t.source}",
         ("codeio_tasks",),
     ),
-    Mechanism(
+    Mechanism(  # the run's: --sft_data's files are read with these settings too
         "problem_files",
-        "tasks",
-        "--train_data or --eval_data",
+        "",
+        "--train_data, --eval_data or a file in --sft_data",
         "problems read from a file",
-        lambda t: bool(t.train_data or t.eval_data),
-        lambda t: "neither --train_data nor --eval_data",
-        ("data_format", "visible_tests", "max_tests", "max_problems", "difficulty"),
+        lambda c: bool(c.tasks.train_data or c.tasks.eval_data or sft_data_files(c.sft.data)),
+        lambda c: "neither --train_data nor --eval_data nor a file in --sft_data",
+        (
+            "tasks.data_format",
+            "tasks.visible_tests",
+            "tasks.max_tests",
+            "tasks.max_problems",
+            "tasks.difficulty",
+        ),
     ),
     Mechanism(
         "chat",

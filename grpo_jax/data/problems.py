@@ -1,6 +1,7 @@
 """The main job's problem sets (moved here from the run's assembly, grpo_jax.train.build): the procedural
 suite's splits, MBPP's, CodeI/O's or a dataset input's (--train_data / --eval_data, through
-grpo_jax.data.load), and the extra evaluation sets (--eval_mbpp, --eval_humaneval).
+grpo_jax.data.load), the warm start's own problems when --sft_data names them (sft_data_problems), and the
+extra evaluation sets (--eval_mbpp, --eval_humaneval).
 
     problems = load_problems(cfg, executor)   # Problems(sft, rl, heldout, extra)
 
@@ -14,6 +15,7 @@ from typing import NamedTuple
 
 from grpo_jax.codegen import datasets, tasks
 from grpo_jax.config import RunConfig
+from grpo_jax.config.tasks import sft_data_inputs
 from grpo_jax.data.load import load
 from grpo_jax.errors import RunConfigError
 
@@ -27,10 +29,12 @@ class Problems(NamedTuple):
 
 def load_problems(cfg: RunConfig, executor=None, print_fn=print) -> Problems:
     """The run's problems: the procedural suite's splits (or MBPP's, CodeI/O's, a file's), and the extra
-    evaluation sets. A --eval_data file replaces the source's held-out set (graded on its hidden tests).
-    `executor`: the sandbox that builds the CodeI/O tests on first use (None: one made for it); `print_fn`:
-    where the count of problems left out (Unsupported rows) goes."""
+    evaluation sets. A --eval_data file replaces the source's held-out set (graded on its hidden tests);
+    --sft_data replaces the source's SFT problems (sft_data_problems). `executor`: the sandbox that builds the
+    CodeI/O tests on first use (None: one made for it); `print_fn`: where the counts of problems left out
+    (Unsupported rows, SFT problems without a reference) go."""
     t = cfg.tasks
+    sft_data = sft_data_problems(cfg, executor, print_fn) if cfg.sft.data else None
     if t.source == "mbpp":
         train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
         sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
@@ -58,7 +62,41 @@ def load_problems(cfg: RunConfig, executor=None, print_fn=print) -> Problems:
         extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
     if cfg.eval.humaneval:
         extra["humaneval"] = datasets.load_humaneval()
-    return Problems(sft_p, rl_p, heldout, extra)
+    return Problems(sft_p if sft_data is None else sft_data, rl_p, heldout, extra)
+
+
+def sft_data_problems(cfg: RunConfig, executor=None, print_fn=print) -> list:
+    """The problems of --sft_data that carry a reference solution, its inputs concatenated in order: a dataset
+    input read as --train_data is (load_data), "mbpp" (MBPP's train split) or "codeio" (the CodeI/O train
+    split, the first --codeio_tasks source tasks). Those without a reference are left out with one count
+    line; RunConfigError when none remains, or for a bad input (naming file, row and field). (A run without
+    SFT is refused with --sft_data by its config: SFTConfig, after RunConfig resolves --sft_steps=auto.)"""
+    flag = f"--sft_data={cfg.sft.data}"
+    problems: list = []
+    for name in sft_data_inputs(cfg.sft.data):
+        if name == "mbpp":
+            problems += datasets.load_mbpp(split="train")
+        elif name == "codeio":
+            from grpo_jax.codegen.codeio import load_codeio
+
+            try:
+                problems += load_codeio("train", limit=cfg.tasks.codeio_tasks or None, executor=executor)
+            except (ImportError, OSError, ValueError) as e:
+                raise RunConfigError(f"{flag}: codeio: {' '.join(str(e).split())}") from None
+        else:
+            problems += load_data(cfg, name, "all", print_fn)
+    kept = [p for p in problems if p.reference]
+    if not kept:
+        raise RunConfigError(
+            f"{flag}: none of its {len(problems)} problems has a reference solution (the SFT targets): give "
+            "inputs with reference solutions, or drop --sft_data"
+        )
+    if len(kept) < len(problems):
+        print_fn(
+            f"--sft_data: {len(problems) - len(kept)} of {len(problems)} problems have no reference "
+            "solution and are left out"
+        )
+    return kept
 
 
 def load_data(cfg: RunConfig, path: str, grade_tests: str, print_fn=print) -> list:

