@@ -54,9 +54,9 @@ def command(*args) -> list[str]:
     return [sys.executable, "-m", "experiments.codegen", *args]
 
 
-def subprocess_run(*args, timeout=600):
-    """The real main job in a new process (for what only a process shows)."""
-    return subprocess.run(command(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def subprocess_run(*args, timeout=600, env=None):
+    """The real main job in a new process (for what only a process shows); `env`: its environment."""
+    return subprocess.run(command(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def kill_after_checkpoint(*args, workdir, step: int, timeout=300) -> None:

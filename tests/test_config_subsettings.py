@@ -82,6 +82,7 @@ MECHANISMS = {
     "level_curriculum": (["--curriculum=levels"], []),
     "reference_time_limits": ([], ["--sandbox_time_limits=fixed"]),
     "resume": ([], ["--noresume"]),
+    "length_reward": (["--rewards=tests,length:0.5"], []),
 }
 
 # every sub-setting (dotted RunConfig path) -> (a value other than its default as a flag value, mechanisms)
@@ -175,6 +176,7 @@ SUB_SETTINGS = {
     "sandbox.time_limit_floor_s": ("1.0", ("reference_time_limits",)),
     "sandbox.time_limit_factor": ("3.0", ("reference_time_limits",)),
     "resume_from": ("2", ("resume",)),
+    "rewards.length_cache": ("4", ("length_reward",)),
 }
 # what a sub-setting needs besides its mechanisms to be a valid value at all
 CONTEXT = {"objective.loss.kl_anchor": ["--num_iterations=2"], "pool.eval_members": ["--pool_capacity=4"]}

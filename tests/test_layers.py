@@ -54,12 +54,13 @@ RULES = {
     "runtime":   Rule("runtime/*",  ONLY,  ("runtime", "codegen", *NEUTRAL)),
     "rollout":   Rule("rollout/*",  NEVER, ("train", "eval")),
     "eval":      Rule("eval/*",     NEVER, ("train",)),
+    "rewards":   Rule("rewards/*",  ONLY,  ("rewards", "problem", "sandbox.types", "errors")),
     "neutral":   Rule(tuple(f"{m}.py" for m in NEUTRAL), ONLY, NEUTRAL),
 }
 # fmt: on
 
 # Host-side packages: every module in them is checked for JAX, whatever its docstring says.
-NO_JAX_PACKAGES = ("grpo_jax.sandbox", "grpo_jax.codegen", "grpo_jax.tokenization")
+NO_JAX_PACKAGES = ("grpo_jax.sandbox", "grpo_jax.codegen", "grpo_jax.tokenization", "grpo_jax.rewards")
 NO_JAX_MODULES = ("grpo_jax.problem",)
 # A docstring that says one of these about its own module is a promise this test holds it to.
 NO_JAX_CLAIM = re.compile(r"\bno JAX\b|never imports? (?:grpo_jax or )?jax\b|without JAX", re.IGNORECASE)

@@ -19,6 +19,7 @@ from grpo_jax.config import (
     PolicyLossConfig,
     PoolConfig,
     ReplayConfig,
+    RewardConfig,
     RolloutConfig,
     RunConfig,
     TaskConfig,
@@ -184,17 +185,21 @@ class _TwoProcesses:
         return [obj, self.other()]
 
 
-def test_each_process_grades_its_rows_and_the_exchange_puts_them_back_in_place(ex):
-    """Multi-process grading (Grader.score): process 0 grades rows 0 and 2, 'process 1' rows 1 and 3, and the
-    exchanged verdicts / rewards equal the single-process grading row for row."""
-    cfg = _cfg(replay_fraction=0.0)
+@pytest.mark.parametrize("rewards", ["tests", "tests,format:0.5,length:0.25"])
+def test_each_process_grades_its_rows_and_the_exchange_puts_them_back_in_place(ex, rewards):
+    """Multi-process grading (Grader.score_all): process 0 grades rows 0 and 2, 'process 1' rows 1 and 3, each
+    computes its own rows' --rewards functions, and the exchanged verdicts / rewards / reward parts equal the
+    single-process grading row for row."""
+    cfg = dataclasses.replace(_cfg(replay_fraction=0.0), rewards=RewardConfig(functions=rewards))
     one = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
     probs = [PROBLEMS[i] for i in (3, 5, 7, 9)]
     # row b passes in members g < b (row 0: none pass ... row 3: three of four pass): every row differs
     ref = [p.reference[len(p.prompt) :] if p.completion_mode != "program" else p.reference for p in probs]
     texts = [ref[b] if g < b else "syntax error (" for b in range(B) for g in range(G)]
-    want_v, want_r = one.grader.score(probs, texts)
+    lengths = np.arange(B * G) % T + 1
+    want_v, want_r, want_p = one.grader.score_all(probs, texts, lengths)
     assert want_r.tolist() == [[1.0 * (g < b) for g in range(G)] for b in range(B)]
+    assert (want_p is None) == (rewards == "tests")
 
     other = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL)
     other_owned = np.array([False, True, False, True])
@@ -203,10 +208,15 @@ def test_each_process_grades_its_rows_and_the_exchange_puts_them_back_in_place(e
 
     def other_grades():
         v, r = pipeline.score_completions(ex, [probs[b] for b in mine], sub, G, None, other.grader.fmt)
-        return mine, v, r
+        sub_len = np.asarray([lengths[b * G + g] for b in mine for g in range(G)])
+        parts = None if want_p is None else other.grader.reward_parts(probs, mine, sub, v, r, sub_len)
+        return mine, v, r, parts
 
     proc0 = make_rollout(cfg, TOK, ex, PROBLEMS, MODEL, ctx=_TwoProcesses(other_grades))
     proc0.grader.owned = ~other_owned
-    got_v, got_r = proc0.grader.score(probs, texts)
+    got_v, got_r, got_p = proc0.grader.score_all(probs, texts, lengths)
     np.testing.assert_array_equal(got_r, want_r)
     assert [v.status for v in got_v] == [v.status for v in want_v]
+    if want_p is not None:
+        np.testing.assert_array_equal(got_p, want_p)
+        assert got_p[:, :, 1].tolist() == [[float(g < b) for g in range(G)] for b in range(B)]  # format

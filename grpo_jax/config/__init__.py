@@ -10,6 +10,7 @@
         dppo        DPPOConfig       --algorithm=dppo: the trust region's thresholds and divergence
         loss        PolicyLossConfig clipping, KL estimator/anchor, aggregation, TIS (every algorithm's loss)
         controller  ControllerConfig adaptive entropy / KL coefficient
+      rewards     RewardConfig       the training reward's functions, weights and aggregation
       optim       OptimConfig        AdamW
       rollout     RolloutConfig      B, G, sampling, dynamic sampling, async rewards
       pool        PoolConfig         the seed's pool of past policies
@@ -35,6 +36,7 @@ The package, one module per part of the tree, each section beside its mechanisms
     controller.py     ControllerConfig, CONTROLLER_PARAMS
     algorithms/       one module per --algorithm: its section, checks and registration (registry.py)
     optim.py          OptimConfig
+    rewards.py        RewardConfig (the --rewards syntax is grpo_jax.rewards.spec's)
     rollout.py        RolloutConfig, PoolConfig, ReplayConfig, CurriculumConfig
     runtime.py        EvalConfig, SandboxConfig, CheckpointConfig, LogConfig, MeshConfig, RuntimeConfig,
                       DistConfig
@@ -73,6 +75,7 @@ from grpo_jax.config.migration import (
 from grpo_jax.config.model import DTYPES, LoRAConfig, ModelConfig
 from grpo_jax.config.objective import ALGORITHMS, BASELINES, MULTISCALE_MODES, REF_UPDATES, ObjectiveConfig
 from grpo_jax.config.optim import OptimConfig
+from grpo_jax.config.rewards import RewardConfig
 from grpo_jax.config.rollout import (
     CURRICULUM_KINDS,
     EXPLORE_MODES,
@@ -142,6 +145,7 @@ __all__ = [
     "PolicyLossConfig",
     "PoolConfig",
     "ReplayConfig",
+    "RewardConfig",
     "RolloutConfig",
     "RunConfig",
     "RuntimeConfig",

@@ -7,7 +7,8 @@ import dataclasses
 import json
 from typing import Any, ClassVar
 
-from grpo_jax.config import controller, loss, model, objective, rollout, runtime, tasks
+from grpo_jax.config import controller, loss, model, objective, rewards, rollout, tasks
+from grpo_jax.config import runtime as rt
 from grpo_jax.config.algorithms import spec as algorithm_spec
 from grpo_jax.config.algorithms import specs as algorithm_specs
 from grpo_jax.config.base import Mechanism, _check_sub_settings, _field_default, _positive, get_path, opt
@@ -16,16 +17,8 @@ from grpo_jax.config.loss import PolicyLossConfig
 from grpo_jax.config.model import LoRAConfig, ModelConfig
 from grpo_jax.config.objective import ObjectiveConfig
 from grpo_jax.config.optim import OptimConfig
+from grpo_jax.config.rewards import RewardConfig
 from grpo_jax.config.rollout import CurriculumConfig, PoolConfig, ReplayConfig, RolloutConfig
-from grpo_jax.config.runtime import (
-    CheckpointConfig,
-    DistConfig,
-    EvalConfig,
-    LogConfig,
-    MeshConfig,
-    RuntimeConfig,
-    SandboxConfig,
-)
 from grpo_jax.config.tasks import SFTConfig, TaskConfig
 from grpo_jax.errors import fail
 
@@ -66,19 +59,20 @@ class RunConfig:
     tasks: TaskConfig = TaskConfig()
     sft: SFTConfig = SFTConfig()
     objective: ObjectiveConfig = ObjectiveConfig()
+    rewards: RewardConfig = RewardConfig()
     optim: OptimConfig = OptimConfig()
     rollout: RolloutConfig = RolloutConfig()
     pool: PoolConfig = PoolConfig()
     lora: LoRAConfig = LoRAConfig()
     replay: ReplayConfig = ReplayConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
-    eval: EvalConfig = EvalConfig()
-    sandbox: SandboxConfig = SandboxConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    log: LogConfig = LogConfig()
-    mesh: MeshConfig = MeshConfig()
-    dist: DistConfig = DistConfig()
-    runtime: RuntimeConfig = RuntimeConfig()
+    eval: rt.EvalConfig = rt.EvalConfig()
+    sandbox: rt.SandboxConfig = rt.SandboxConfig()
+    checkpoint: rt.CheckpointConfig = rt.CheckpointConfig()
+    log: rt.LogConfig = rt.LogConfig()
+    mesh: rt.MeshConfig = rt.MeshConfig()
+    dist: rt.DistConfig = rt.DistConfig()
+    runtime: rt.RuntimeConfig = rt.RuntimeConfig()
 
     def __post_init__(self):
         if not self.workdir.strip():
@@ -133,6 +127,7 @@ class RunConfig:
         if ro.max_turns > 1:
             self._check_multi_turn()
         self._check_engines()
+        self._check_rewards()
         if self.sandbox.stop_on_failure and obj.multiscale_w_tests > 0:
             fail(
                 self,
@@ -180,6 +175,37 @@ class RunConfig:
                 "micro-batch; use --pack_tokens=0 or --mini_batches=1)",
             )
 
+    def _check_rewards(self) -> None:
+        """--rewards: what the other sections must agree with, one line each."""
+        rw, obj, max_len = self.rewards, self.objective, self.rollout.max_new_tokens * self.rollout.max_turns
+        if rw.aggregation == "normalize_then_sum" and (
+            obj.adv_method != "batch_std" or algorithm_spec(obj.algorithm).without_group_advantages
+        ):
+            fail(
+                self,
+                "rewards.aggregation",
+                "GDPO's form normalises each reward in its group and the sum over the batch: it needs "
+                "--adv_method=batch_std and a group-advantage algorithm",
+            )
+        if not rw.default and obj.baseline != "group":
+            fail(
+                self,
+                "rewards.functions",
+                f"the pool baseline (--baseline={obj.baseline}) is the pool's test reward: use "
+                "--rewards=tests",
+            )
+        if "length" in rw.names:
+            if obj.overlong_cache_len:
+                fail(
+                    self,
+                    "rewards.functions",
+                    "the length reward and --overlong_cache_len are both DAPO's overlong punishment: use one",
+                )
+            if rw.cache_len(max_len) >= max_len:
+                fail(
+                    self, "rewards.length_cache", f"must be < L_max = {max_len} (max_new_tokens x max_turns)"
+                )
+
     def _check_multi_turn(self) -> None:
         """--max_turns > 1: the mechanisms whose samples are not trajectories are refused, one line each."""
         no_turns = algorithm_spec(self.objective.algorithm).without_multi_turn
@@ -223,10 +249,11 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
     *model.SUB_SETTINGS,
     *tasks.SUB_SETTINGS,
     *objective.SUB_SETTINGS,
+    *rewards.SUB_SETTINGS,
     *loss.SUB_SETTINGS,
     *controller.SUB_SETTINGS,
     *rollout.SUB_SETTINGS,
-    *runtime.SUB_SETTINGS,
+    *rt.SUB_SETTINGS,
     Mechanism(
         "resume",
         "",
@@ -246,18 +273,19 @@ SECTIONS = (
     *(a.section for a in algorithm_specs() if a.section is not None),
     ObjectiveConfig,
     PolicyLossConfig,
+    RewardConfig,
     OptimConfig,
     RolloutConfig,
     PoolConfig,
     LoRAConfig,
     ReplayConfig,
     CurriculumConfig,
-    EvalConfig,
-    SandboxConfig,
-    CheckpointConfig,
-    LogConfig,
-    MeshConfig,
-    DistConfig,
-    RuntimeConfig,
+    rt.EvalConfig,
+    rt.SandboxConfig,
+    rt.CheckpointConfig,
+    rt.LogConfig,
+    rt.MeshConfig,
+    rt.DistConfig,
+    rt.RuntimeConfig,
     RunConfig,
 )

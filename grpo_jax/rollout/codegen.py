@@ -47,8 +47,9 @@ from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.rewards import child_checked_fractions, failure_counts
 from grpo_jax.policies import sampling
 from grpo_jax.problem import Problem
+from grpo_jax.rewards import registry as rewards_registry
 from grpo_jax.rollout.engines import RolloutEngine, make_engine
-from grpo_jax.rollout.grader import Grader, Grades, num_tests
+from grpo_jax.rollout.grader import Grader, Grades, num_tests, parts_metrics
 from grpo_jax.rollout.multiturn import MultiTurn, turn_metrics
 from grpo_jax.rollout.pool_runtime import PoolRuntime
 from grpo_jax.rollout.problem_source import GradedRound, ProblemSource
@@ -169,13 +170,16 @@ class CodegenRollout:
         idx, replayed = self.source.draw(state, keys["problems"], keys["replay_draw"])
         rounds = [self.sample_and_grade(full, idx, keys["sample/0"], replayed)]
         if self.rounds:  # dynamic sampling: refill the all-equal groups
-            m["dynamic/frac_zero_std_first_round"] = float(1.0 - kept(rounds[0].grades.rewards).mean())
+            m["dynamic/frac_zero_std_first_round"] = float(1.0 - kept(rounds[0].grades.train_rewards).mean())
             for r in range(1, self.rounds + 1):
-                if sum(int(kept(x.grades.rewards).sum()) for x in rounds) >= self.B:
+                if sum(int(kept(x.grades.train_rewards).sum()) for x in rounds) >= self.B:
                     break
                 extra, _ = self.source.draw(state, keys[f"refill_problems/{r}"])
                 rounds.append(self.sample_and_grade(full, extra, keys[f"sample/{r}"]))
         batch, rows = assemble(rounds, self.B, self.G, dynamic=bool(self.rounds), m=m)
+        if self.grader.rewards is not None:  # each reward's mean, std and share of the advantage
+            parts = np.stack([rounds[ri].grades.parts[b] for ri, b in rows])  # type: ignore[index]
+            m.update(parts_metrics(parts, self.grader.rewards))
         if self.pool_rt is not None and self.pool_rt.uses_baseline:
             probs = [self.source.problems[rounds[ri].idx[b]] for ri, b in rows]
             base, valid, pm = self.pool_rt.baseline(
@@ -247,7 +251,7 @@ class CodegenRollout:
             "task_id": self.source.problems[x.idx[b]].task_id,
             "completion": g.texts[b * self.G],
             "status": g.verdicts[b * self.G].status.value,
-            "reward": float(g.rewards[b, 0]),
+            "reward": float(g.train_rewards[b, 0]),
         }
 
 
@@ -274,10 +278,12 @@ def assemble(
     group_mask = np.ones((B, G), np.float32)
     rows = [(0, b) for b in range(B)]
     if dynamic:
-        rows = [(ri, int(b)) for ri, x in enumerate(rounds) for b in np.flatnonzero(kept(x.grades.rewards))]
+        rows = [
+            (ri, int(b)) for ri, x in enumerate(rounds) for b in np.flatnonzero(kept(x.grades.train_rewards))
+        ]
         rows = rows[:B]
         n_kept = len(rows)
-        rows += [(0, int(b)) for b in np.flatnonzero(~kept(rounds[0].grades.rewards))][: B - n_kept]
+        rows += [(0, int(b)) for b in np.flatnonzero(~kept(rounds[0].grades.train_rewards))][: B - n_kept]
         group_mask = np.repeat((np.arange(B) < n_kept)[:, None], G, axis=1).astype(np.float32)
         m["dynamic/rounds"] = float(len(rounds) - 1)
         m["dynamic/kept_groups"] = float(n_kept)
@@ -297,7 +303,7 @@ def assemble(
         dev["prompt"],
         dev["pmask"],
         out,
-        pick("rewards"),
+        pick("train_rewards"),
         group_mask=group_mask,
         test_rewards=pick("tests"),
         test_mask=pick("test_mask"),
@@ -395,10 +401,26 @@ class AsyncRollout:
         self._threads.shutdown(wait=True)
 
 
+def make_grader(cfg, tok, executor, num_tests: int, ctx=None, owned=None) -> Grader:
+    """The training rollout's Grader: the sandbox settings and the --rewards functions of the RunConfig."""
+    rewards = rewards_registry.from_config(cfg)
+    return Grader(
+        executor,
+        cfg.sandbox,
+        tok,
+        cfg.tasks.prompt,
+        group=cfg.rollout.group_size,
+        num_tests=num_tests,
+        ctx=ctx,
+        owned=owned,
+        rewards=rewards,
+    )
+
+
 def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=None, batch_sharding=None):
     """The run's rollout from its config sections: a ProblemSource (tasks, curriculum, replay), the rollout
-    engine (--rollout_engine, rollout), a Grader (sandbox) and, with a pool, its PoolRuntime (pool); async
-    with --async_rewards. `cfg` is the RunConfig; none of the three parts sees it."""
+    engine (--rollout_engine, rollout), a Grader (sandbox, --rewards) and, with a pool, its PoolRuntime
+    (pool); async with --async_rewards. `cfg` is the RunConfig; none of the three parts sees it."""
     ro, fmt = cfg.rollout, cfg.tasks.prompt
     # the procedural suite's training levels; other sources (MBPP, CodeI/O, files) are one level, 0
     levels = cfg.tasks.rl_levels if cfg.tasks.source == "procedural" else (0,)
@@ -412,7 +434,7 @@ def make_rollout(cfg, tok, executor, problems, model_cfg, param_fn=None, *, ctx=
     )
     owned = None if batch_sharding is None else sharding.owned_rows(ro.prompts_per_step, batch_sharding)
     m = num_tests(problems)
-    grader = Grader(executor, cfg.sandbox, tok, fmt, group=ro.group_size, num_tests=m, ctx=ctx, owned=owned)
+    grader = make_grader(cfg, tok, executor, m, ctx, owned)
     engine = make_engine(
         ro.engine,
         model_cfg,

@@ -266,7 +266,15 @@ class _Trajectories:
         )
         tok = self.mt.tok
         texts = [tok.decode(self.tokens[r, : self.length[r]].tolist(), skip_special=False) for r in range(N)]
-        graded = self.mt.grader.assemble(self.problems, texts, self.verdicts, rewards, seconds=self.t_grade)
+        graded = self.mt.grader.assemble(  # the reward functions score each trajectory's last reply
+            self.problems,
+            texts,
+            self.verdicts,
+            rewards,
+            seconds=self.t_grade,
+            replies=list(self.replies),
+            lengths=self.mask.sum(1),
+        )
         return out, graded, c, self.t_sample
 
 

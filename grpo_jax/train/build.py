@@ -26,6 +26,7 @@ from grpo_jax.data.problems import Problems, load_problems
 from grpo_jax.errors import RunConfigError
 from grpo_jax.policies import lora, sampling
 from grpo_jax.policies import transformer as tfm
+from grpo_jax.rewards import registry as rewards_registry
 from grpo_jax.rollout.codegen import make_rollout
 from grpo_jax.rollout.engines import make_engine
 from grpo_jax.runtime import distributed, sharding
@@ -83,6 +84,7 @@ def build(cfg: RunConfig, executor: Executor | None, print_fn=print, notes=()) -
     """The Run of `cfg` (no state). `executor`: the sandbox (None: a run that only opens checkpoints)."""
     ctx = distributed.context(cfg.dist)
     print_fn = ctx.print_fn(print_fn)
+    rewards_registry.from_config(cfg)  # an unusable --rewards function: an error before the workdir
     mesh = run_mesh(cfg, ctx, print_fn)
     problems = load_problems(cfg, executor, print_fn)
     tok, model, pretrained = model_and_tokenizer(cfg, print_fn)
