@@ -188,3 +188,38 @@ def test_data_format_applies_to_a_file_in_sft_data_only(tmp_path):
     assert cfg.tasks.data_format == "humaneval"
     with pytest.raises(cli.FlagError, match=r"^--data_format=humaneval: only used with"):
         mainjob.config("--sft_data=mbpp", "--data_format=humaneval", workdir=tmp_path / "w")
+
+
+def test_source_mbpp_plus_codeio_trains_on_both_and_eval_codeio_adds_its_held_out_split(
+    tmp_path, monkeypatch
+):
+    """--source=mbpp+codeio: SFT and RL on MBPP's train split then CodeI/O's, MBPP's test split held out
+    (--heldout_per_level of it); --eval_codeio=N: the first N CodeI/O held-out problems as an extra set,
+    graded on their hidden tests."""
+    fake = [
+        dataclasses.replace(p, split=s, task_id=f"cio/{i}")
+        for i, (p, s) in enumerate(
+            zip(datasets.load_humaneval()[:4], ("train", "heldout", "train", "heldout"), strict=True)
+        )
+    ]
+
+    def load_codeio(split, limit=None, executor=None):
+        return [p for p in fake if split == "all" or p.split == split]
+
+    monkeypatch.setattr("grpo_jax.codegen.codeio.load_codeio", load_codeio)
+    cfg, _ = mainjob.config(
+        "--source=mbpp+codeio",
+        "--heldout_per_level=7",
+        "--eval_codeio=1",
+        "--init_from=smollm2-135m-instruct",
+        workdir=tmp_path / "w",
+    )
+    got = load_problems(cfg)
+    mbpp_train, mbpp_test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
+    want = [p.task_id for p in mbpp_train] + ["cio/0", "cio/2"]
+    assert [p.task_id for p in got.rl] == want and [p.task_id for p in got.sft] == want
+    assert [p.task_id for p in got.heldout] == [p.task_id for p in mbpp_test[:7]]
+    assert [p.task_id for p in got.extra["codeio"]] == ["cio/1"]
+    assert not got.extra["codeio"][0].graded_public
+    with pytest.raises(Exception, match="codeio_tasks"):  # a CodeI/O setting needs a CodeI/O source
+        mainjob.config("--source=mbpp", "--codeio_tasks=5", workdir=tmp_path / "w2")

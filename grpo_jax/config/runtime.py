@@ -29,6 +29,11 @@ class EvalConfig:
     humaneval: bool = opt(
         False, "Also evaluate greedy pass@1 on HumanEval's 164 problems (humaneval/pass@1)."
     )
+    codeio: int = opt(
+        0,
+        "Also evaluate greedy pass@1 on the first N problems of CodeI/O's held-out split, graded on their "
+        "hidden tests (docs/data/CODEIO.md; 0 = off), reported as codeio/pass@1.",
+    )
     max_turns: int = opt(
         0,
         "Turns of the held-out evaluation with execution feedback (turn{t}/pass@k and fix_rate for t = "
@@ -40,6 +45,7 @@ class EvalConfig:
         _positive(self, ("every", "max_turns"), strict=False)
         _positive(self, ("batch",))
         _positive(self, ("samples",), strict=False)
+        _positive(self, ("codeio",), strict=False)
         if not 0 <= self.mbpp <= 500:
             fail(self, "mbpp", "must be in [0, 500] (the size of MBPP's test split)")
         if self.samples == 0 and self.ks:

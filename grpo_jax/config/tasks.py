@@ -12,7 +12,8 @@ from grpo_jax.config.base import Mechanism, _check_sub_settings, _choice, _is_in
 from grpo_jax.data import registry as data_registry
 from grpo_jax.errors import fail
 
-TASK_SOURCES = ("procedural", "mbpp", "codeio", "file")
+TASK_SOURCES = ("procedural", "mbpp", "codeio", "mbpp+codeio", "file")
+CODEIO_SOURCES = ("codeio", "mbpp+codeio")  # the sources that read the CodeI/O tasks
 # problem-file formats (the registry of grpo_jax.data: every format, then the aliases), and which tests grade
 DATA_FORMATS = ("auto", *data_registry.names())
 GRADE_TESTS = ("all", "private")
@@ -41,7 +42,9 @@ class TaskConfig:
         "auto",
         "Problems: procedural (the synthetic suite), mbpp (train split for RL, test split held out), codeio "
         "(the CodeI/O tasks of the reasoning-gym wheel, docs/data/CODEIO.md: train split for RL, held-out "
-        "split), file (--train_data); auto (the default) = file when --train_data is given, else procedural.",
+        "split), mbpp+codeio (both train splits for SFT and RL, MBPP's test split held out; CodeI/O's "
+        "held-out split with --eval_codeio), file (--train_data); auto (the default) = file when "
+        "--train_data is given, else procedural.",
         choices=("auto", *TASK_SOURCES),
     )
     train_data: str = opt(
@@ -225,9 +228,9 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
     Mechanism(
         "codeio_source",
         "tasks",
-        "--source=codeio",
+        "--source=codeio|mbpp+codeio",
         "the CodeI/O tasks",
-        lambda t: t.source == "codeio",
+        lambda t: t.source in CODEIO_SOURCES,
         lambda t: f"--source={t.source}",
         ("codeio_tasks",),
     ),
@@ -267,10 +270,15 @@ SUB_SETTINGS: tuple[Mechanism, ...] = (
     Mechanism(
         "chat_program_problems",
         "",
-        "--source=mbpp|codeio|file, --eval_data or --eval_mbpp > 0",
+        "--source=mbpp|codeio|mbpp+codeio|file, --eval_data, --eval_mbpp > 0 or --eval_codeio > 0",
         "whole-program problems (MBPP, CodeI/O, contest problems), the ones --program_instruction words",
-        lambda c: c.tasks.source in ("mbpp", "codeio", "file") or bool(c.tasks.eval_data) or c.eval.mbpp > 0,
-        lambda c: f"--source={c.tasks.source}, no --eval_data and --eval_mbpp=0",
+        lambda c: (
+            c.tasks.source in ("mbpp", *CODEIO_SOURCES, "file")
+            or bool(c.tasks.eval_data)
+            or c.eval.mbpp > 0
+            or c.eval.codeio > 0
+        ),
+        lambda c: f"--source={c.tasks.source}, no --eval_data, --eval_mbpp=0 and --eval_codeio=0",
         ("tasks.program_instruction",),
     ),
 )

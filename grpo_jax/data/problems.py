@@ -38,14 +38,17 @@ def load_problems(cfg: RunConfig, executor=None, print_fn=print) -> Problems:
     if t.source == "mbpp":
         train, test = datasets.load_mbpp(split="train"), datasets.load_mbpp(split="test")
         sft_p, rl_p, heldout = train, train, test[: t.heldout_per_level]
-    elif t.source == "codeio":
+    elif t.source in ("codeio", "mbpp+codeio"):
         from grpo_jax.codegen.codeio import load_codeio
 
         every = load_codeio("all", limit=t.codeio_tasks or None, executor=executor)  # one read of the cache
         train = [q for q in every if q.split == "train"]
-        sft_p, rl_p = train, train
         held = [] if t.eval_data else [q for q in every if q.split == "heldout"][: t.heldout_per_level]
         heldout = [q.with_grade_tests("private") for q in held]
+        if t.source == "mbpp+codeio":  # both training splits; MBPP's test split held out
+            train = datasets.load_mbpp(split="train") + train
+            heldout = datasets.load_mbpp(split="test")[: t.heldout_per_level]
+        sft_p, rl_p = train, train
     elif t.source == "file":
         sft_p, rl_p, heldout = file_problems(cfg, print_fn)
     else:
@@ -62,7 +65,16 @@ def load_problems(cfg: RunConfig, executor=None, print_fn=print) -> Problems:
         extra["mbpp"] = datasets.load_mbpp(split="test")[: cfg.eval.mbpp]
     if cfg.eval.humaneval:
         extra["humaneval"] = datasets.load_humaneval()
+    if cfg.eval.codeio:
+        extra["codeio"] = codeio_heldout(cfg.eval.codeio, executor)
     return Problems(sft_p if sft_data is None else sft_data, rl_p, heldout, extra)
+
+
+def codeio_heldout(n: int, executor=None) -> list:
+    """The first n problems of CodeI/O's held-out split, graded on their hidden tests (--eval_codeio)."""
+    from grpo_jax.codegen.codeio import load_codeio
+
+    return [q.with_grade_tests("private") for q in load_codeio("heldout", executor=executor)[:n]]
 
 
 def sft_data_problems(cfg: RunConfig, executor=None, print_fn=print) -> list:

@@ -197,6 +197,7 @@ def tasks_line(cfg: RunConfig, p: Problems, executor: Executor | None) -> str:
         "procedural": f"levels {t.sft_levels} / {t.rl_levels}",
         "mbpp": "MBPP train split",
         "codeio": "CodeI/O train split",
+        "mbpp+codeio": "MBPP + CodeI/O train splits",
     }.get(t.source, t.train_data)
     engine = cfg.rollout.engine
     if engine == "continuous":
@@ -270,7 +271,7 @@ def fit_prompts(cfg: RunConfig, tok, p: Problems, print_fn=print) -> Problems:
         return fit(name, problems, length, "prompts", "--prompt_len", t.prompt_len, "raise --prompt_len")
 
     sft, rl, heldout = p.sft, p.rl, p.heldout
-    dataset = t.source in ("file", "codeio", "mbpp")
+    dataset = t.source in ("file", "codeio", "mbpp", "mbpp+codeio")
     if dataset:
         rl = prompts("training problems", rl)
         if len(rl) < cfg.rollout.prompts_per_step:
