@@ -66,15 +66,17 @@ def load_problems(cfg: RunConfig, executor=None, print_fn=print) -> Problems:
     if cfg.eval.humaneval:
         extra["humaneval"] = datasets.load_humaneval()
     if cfg.eval.codeio:
-        extra["codeio"] = codeio_heldout(cfg.eval.codeio, executor)
+        extra["codeio"] = codeio_heldout(cfg.eval.codeio, t.codeio_tasks, executor)
     return Problems(sft_p if sft_data is None else sft_data, rl_p, heldout, extra)
 
 
-def codeio_heldout(n: int, executor=None) -> list:
-    """The first n problems of CodeI/O's held-out split, graded on their hidden tests (--eval_codeio)."""
+def codeio_heldout(n: int, tasks: int = 0, executor=None) -> list:
+    """The first n problems of CodeI/O's held-out split (of its first `tasks` source tasks, 0: all), graded on
+    their hidden tests (--eval_codeio)."""
     from grpo_jax.codegen.codeio import load_codeio
 
-    return [q.with_grade_tests("private") for q in load_codeio("heldout", executor=executor)[:n]]
+    held = load_codeio("heldout", limit=tasks or None, executor=executor)[:n]
+    return [q.with_grade_tests("private") for q in held]
 
 
 def sft_data_problems(cfg: RunConfig, executor=None, print_fn=print) -> list:
