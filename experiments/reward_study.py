@@ -42,9 +42,15 @@ def heldout_parse_share(wd: str, step: int) -> float:
 
 
 def collect(runs_dir: str) -> dict[str, dict[str, dict[int, float]]]:
-    """{arm: {figure: {seed: value}}} over the finished points of a sweep directory."""
+    """{arm: {figure: {seed: value}}} over the finished points of a sweep directory, arms in the grid's order
+    (manifest.json)."""
     out: dict[str, dict[str, dict[int, float]]] = {}
-    for arm in sorted(os.listdir(runs_dir)):
+    manifest = os.path.join(runs_dir, "manifest.json")
+    order = sorted(os.listdir(runs_dir))
+    if os.path.exists(manifest):  # the grid's order: its first arm is the baseline
+        with open(manifest, encoding="utf-8") as f:
+            order = list(json.load(f)["arms"])
+    for arm in order:
         adir = os.path.join(runs_dir, arm)
         if arm.startswith("_") or not os.path.isdir(adir):
             continue
@@ -66,6 +72,7 @@ def collect(runs_dir: str) -> dict[str, dict[str, dict[int, float]]]:
 
 
 def table(data: dict[str, dict[str, dict[int, float]]]) -> str:
+    """The markdown table; Δ paired by seed against the first arm (the grid's first)."""
     arms = list(data)
     base = arms[0]
     lines = [
@@ -76,8 +83,10 @@ def table(data: dict[str, dict[str, dict[int, float]]]) -> str:
         for fig, vals in data[arm].items():
             e = stats.bootstrap_ci(list(vals.values()))
             d = "" if arm == base else stats.paired_bootstrap_ci(vals, data[base][fig])
-            ds = "" if d == "" else f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
-            lines.append(f"| {arm} | {fig} | {len(vals)} | {e.mean:.3f} [{e.low:.3f}, {e.high:.3f}] | {ds} |")
+            ds = "" if d == "" else f"{d.value:+.3f} [{d.low:+.3f}, {d.high:+.3f}]"
+            lines.append(
+                f"| {arm} | {fig} | {len(vals)} | {e.value:.3f} [{e.low:.3f}, {e.high:.3f}] | {ds} |"
+            )
     return "\n".join(lines)
 
 
