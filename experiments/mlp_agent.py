@@ -52,57 +52,27 @@ def define_flags(fv: flags.FlagValues) -> None:
     d("integer", "hidden", 64, "MLP trunk width (the seed's default is 1024).", lower_bound=1)
     d("float", "learning_rate", None, "AdamW learning rate (default: grpo 3e-3, ppo 1e-3).", lower_bound=0.0)
     d("float", "weight_decay", None, "AdamW weight decay (default 0).", lower_bound=0.0)
-    d(
-        "float",
-        "max_grad_norm",
-        None,
-        "Global-norm gradient clip (default: grpo 1, ppo 0.5).",
-        lower_bound=0.0,
-    )
+    d("float", "max_grad_norm", None, "Gradient-norm clip (default: grpo 1, ppo 0.5).", lower_bound=0.0)
     d("float", "entropy_coef", None, "Entropy bonus (default: grpo 0, ppo 0.01).", lower_bound=0.0)
     d("float", "clip_eps", None, "Ratio clip epsilon, both sides (default 0.2).", lower_bound=0.0)
     d("integer", "prompts", None, "GRPO: observations per step, B (default 64).", lower_bound=1)
     d("integer", "group", None, "GRPO: actions per observation, G (default 8).", lower_bound=2)
     d("integer", "inner_steps", None, "GRPO: gradient steps per batch, mu (default 1).", lower_bound=1)
-    d(
-        "float",
-        "kl_coef",
-        None,
-        "GRPO: k3 KL coefficient to the initial policy (default 0.01).",
-        lower_bound=0.0,
-    )
+    d("float", "kl_coef", None, "GRPO: k3 KL to the initial policy (default 0.01).", lower_bound=0.0)
     d("integer", "envs", None, "PPO: parallel episodes per rollout (default 64).", lower_bound=1)
     d("integer", "epochs", None, "PPO: epochs over each rollout (default 4).", lower_bound=1)
-    d(
-        "integer",
-        "minibatches",
-        None,
-        "PPO: minibatches per epoch, dividing --envs (default 4).",
-        lower_bound=1,
-    )
+    d("integer", "minibatches", None, "PPO: minibatches per epoch (default 4).", lower_bound=1)
     d("float", "gamma", None, "PPO: discount (default 0.99).", lower_bound=0.0, upper_bound=1.0)
     d("float", "lam", None, "PPO: GAE lambda (default 0.95).", lower_bound=0.0, upper_bound=1.0)
     d("float", "vf_coef", None, "PPO: value loss coefficient (default 0.5).", lower_bound=0.0)
     d("integer", "obs_dim", 8, "Bandits: observation size.", lower_bound=1)
-    d(
-        "integer",
-        "act_dim",
-        None,
-        "Bandits: actions (discrete, default 8) / action size (default 2).",
-        lower_bound=1,
-    )
+    d("integer", "act_dim", None, "Bandits: actions (default 8) / action size (2).", lower_bound=1)
     d("integer", "chain_n", 8, "Chain: cells (the goal is the last).", lower_bound=3)
     d("integer", "horizon", 8, "Chain: steps before an episode is cut.", lower_bound=1)
     d("integer", "log_every", 10, "A progress line every N steps.", lower_bound=1)
     d("integer", "eval_every", 50, "An evaluation every N steps (0: at step 0 and the end).", lower_bound=0)
     d("integer", "eval_episodes", 1024, "Observations / episodes per evaluation.", lower_bound=1)
-    d(
-        "integer",
-        "checkpoint_every",
-        50,
-        "A checkpoint every N steps (0: at the end, on a signal).",
-        lower_bound=0,
-    )
+    d("integer", "checkpoint_every", 50, "A checkpoint every N steps (0: at the end).", lower_bound=0)
     d("integer", "keep_checkpoints", 3, "Newest intact checkpoints kept.", lower_bound=1)
     d("string", "compilation_cache", "", "Persistent XLA cache dir ('': the project's default; none: off).")
 

@@ -24,7 +24,7 @@ def test_the_study_and_recipe_flagfiles_resolve(qwen_dir, tmp_path):
     cfg, _ = cli.resolve(["codegen", "--flagfile=experiments/flagfiles/smollm2_cold_start.flags"])
     assert cfg.tasks.source == "mbpp+codeio" and cfg.rollout.max_new_tokens == 512 and cfg.sft.steps == 200
     assert cfg.rollout.engine == "continuous" and cfg.optim.pack_tokens == 512 and cfg.eval.codeio == 194
-    flagfile = "experiments/flagfiles/qwen_coder_0.5b_cold_start.flags"
+    flagfile = "experiments/recipes/qwen_coder_0.5b_cold_start.flags"
     cfg, _ = cli.resolve(["codegen", f"--flagfile={flagfile}", f"--init_from={qwen_dir}"])
     assert cfg.tasks.prompt_format == "chat" and cfg.rollout.max_new_tokens == 1024
     assert cfg.rollout.prompts_per_step * cfg.rollout.group_size == 256
@@ -45,7 +45,7 @@ def test_the_qwen_shapes_are_the_published_0_5b_model():
 def test_recipe_cost_floors(qwen_dir):
     from experiments import recipe_cost
 
-    flagfile = "experiments/flagfiles/qwen_coder_0.5b_cold_start.flags"
+    flagfile = "experiments/recipes/qwen_coder_0.5b_cold_start.flags"
     cfg, _ = cli.resolve(["codegen", f"--flagfile={flagfile}", f"--init_from={qwen_dir}"])
     model = config_from_hf(json.load(open(QWEN, encoding="utf-8")))
     slow = recipe_cost.floors(

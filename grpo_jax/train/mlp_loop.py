@@ -35,7 +35,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 
@@ -159,31 +159,32 @@ def build(cfg: MLPRunConfig) -> Job:
     if isinstance(agent, mlp_agent.PPOAgentConfig):
         env = toy.Chain(n=cfg.chain_n, horizon=cfg.horizon)
         policy = mlp.MLPPolicyConfig(env.obs_dim, env.act_dim, "discrete", hidden=cfg.hidden)
-        chain_eval = jax.jit(functools.partial(mlp_agent.evaluate_chain, env=env, num=cfg.eval_episodes))
-        return Job(
-            cfg=cfg,
-            init=lambda: mlp_agent.ppo_init(init_key, policy, agent),
-            train_step=mlp_agent.make_ppo_train_step(env, agent),
-            evaluate=lambda params: chain_eval(params, key=eval_key),
-            train_key=streams["rollout"],
-            console_keys=("episode_return", "pg_loss", "value_loss", "entropy"),
-            about=f"PPO on the chain (n {env.n}, horizon {env.horizon}): random return ~0.2, optimal 1",
+        evaluate = jax.jit(functools.partial(mlp_agent.evaluate_chain, env=env, num=cfg.eval_episodes))
+        start: Callable[[], Any] = functools.partial(mlp_agent.ppo_init, init_key, policy, agent)
+        step: Callable = mlp_agent.make_ppo_train_step(env, agent)
+        keys = ("episode_return", "pg_loss", "value_loss", "entropy")
+        about = f"PPO on the chain (n {env.n}, horizon {env.horizon}): random return ~0.2, optimal 1"
+    else:
+        make = toy.make_discrete_bandit if cfg.env == "discrete" else toy.make_continuous_bandit
+        task = make(seed=cfg.seed, obs_dim=cfg.obs_dim, act_dim=cfg.act_dim)
+        kind: Literal["discrete", "continuous"] = "discrete" if cfg.env == "discrete" else "continuous"
+        policy = mlp.MLPPolicyConfig(cfg.obs_dim, cfg.act_dim, kind, hidden=cfg.hidden)
+        evaluate = jax.jit(functools.partial(mlp_agent.evaluate_bandit, task=task, num=cfg.eval_episodes))
+        start = functools.partial(mlp_agent.grpo_init, init_key, policy, agent)
+        step = mlp_agent.make_grpo_train_step(task, agent)
+        keys = ("reward", "loss", "kl", "entropy")
+        scale = f"success, chance {1 / cfg.act_dim:.3f}" if kind == "discrete" else "exp(-||a - a*||^2 / A)"
+        about = (
+            f"GRPO on the {cfg.env} bandit (obs {cfg.obs_dim}, A {cfg.act_dim}): reward {scale}, optimal 1"
         )
-    make = toy.make_discrete_bandit if cfg.env == "discrete" else toy.make_continuous_bandit
-    task = make(seed=cfg.seed, obs_dim=cfg.obs_dim, act_dim=cfg.act_dim)
-    policy = mlp.MLPPolicyConfig(
-        cfg.obs_dim, cfg.act_dim, "discrete" if cfg.env == "discrete" else "continuous", hidden=cfg.hidden
-    )
-    bandit_eval = jax.jit(functools.partial(mlp_agent.evaluate_bandit, task=task, num=cfg.eval_episodes))
-    scale = f"success, chance {1 / cfg.act_dim:.3f}" if cfg.env == "discrete" else "exp(-||a - a*||^2 / A)"
     return Job(
         cfg=cfg,
-        init=lambda: mlp_agent.grpo_init(init_key, policy, agent),
-        train_step=mlp_agent.make_grpo_train_step(task, agent),
-        evaluate=lambda params: bandit_eval(params, key=eval_key),
+        init=start,
+        train_step=step,
+        evaluate=lambda params: evaluate(params, key=eval_key),
         train_key=streams["rollout"],
-        console_keys=("reward", "loss", "kl", "entropy"),
-        about=f"GRPO on the {cfg.env} bandit (obs {cfg.obs_dim}, A {cfg.act_dim}): reward {scale}, optimal 1",
+        console_keys=keys,
+        about=about,
     )
 
 
