@@ -1,7 +1,7 @@
 """The expected cost of a run's step on a device you describe, from the bench's roofline floors
 (experiments.bench_phases): a recipe's lower bound before anyone rents the device.
 
-    python -m experiments.recipe_cost --run_flagfile=experiments/flagfiles/qwen_coder_0.5b_cold_start.flags \\
+    python -m experiments.recipe_cost --run_flagfile=experiments/recipes/qwen_coder_0.5b_cold_start.flags \\
         --config=experiments/recipes/qwen2.5-coder-0.5b-instruct.config.json \\
         --matmul_tflops=400 --bandwidth_gbs=2000 [--mean_reply=0.5] [--mean_prompt=0.4]
 
