@@ -45,3 +45,8 @@ def fails_when_told(problem, reply, program, grade):
     if os.environ.get("GRPO_TEST_REWARD_FAIL"):
         raise RuntimeError("told to fail")
     return 1.0
+
+
+def five(problem, reply, program, grade):
+    """A constant far above the success threshold: a success rate read off the combined reward would be 1."""
+    return 5.0

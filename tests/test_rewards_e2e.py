@@ -49,6 +49,8 @@ def test_several_rewards_are_logged_and_trained_on(tmp_path, ex, extra):
             assert 0.0 <= m[f"reward/{name}/adv_share"] <= 1.0
             assert any(s == step for s, _ in tb[f"reward/{name}/mean"])
         assert m["reward/tests.reward_fixtures.record/mean"] == 0.5  # the user function's constant
+        # the success rate reads the test reward, not the combined one (all-pass: its mean)
+        assert m["Performance/SuccessRate"] == pytest.approx(m["reward/tests/mean"], abs=1e-6)
         assert m["reward/tests.reward_fixtures.record/adv_share"] == 0.0  # a constant moves no advantage
         total = sum(m[f"reward/{n}/adv_share"] for n in NAMES)  # 0: every group all-equal in every reward
         assert total == pytest.approx(1.0, abs=1e-5) or (total == 0.0 and m["frac_reward_zero_std"] == 1.0)
@@ -57,6 +59,15 @@ def test_several_rewards_are_logged_and_trained_on(tmp_path, ex, extra):
             assert m["reward"] == pytest.approx(want, abs=1e-5)
     # the user function ran in this process, on every graded reply of both steps (4 prompts x G = 4 each)
     assert len(reward_fixtures.SEEN) >= 2 * 16
+
+
+def test_the_success_rate_reads_the_test_reward(tmp_path, ex):
+    """Performance/SuccessRate is the share of replies whose TEST reward reaches --success_threshold, whatever
+    the other rewards add (a constant 5 would make every combined reward a 'success')."""
+    wd = tmp_path / "run"
+    mainjob.run(*SHORT, "--steps=1", "--rewards=tests,tests.reward_fixtures:five", workdir=wd, executor=ex)
+    m = mainjob.metrics(wd)[1]
+    assert m["reward"] >= 5.0 and m["Performance/SuccessRate"] == m["reward/tests/mean"] < 1.0
 
 
 def test_an_unusable_user_reward_stops_before_the_workdir(tmp_path, ex):

@@ -66,10 +66,17 @@ class RewardSet:
     """The weighted rewards of a run (see the module docstring)."""
 
     def __init__(
-        self, rewards: Sequence[Reward], aggregation: str, max_len: int, length_cache: int, eps: float = 1e-4
+        self,
+        rewards: Sequence[Reward],
+        aggregation: str,
+        max_len: int,
+        length_cache: int,
+        eps: float = 1e-4,
+        success_threshold: float = 1.0,
     ):
         self.rewards, self.aggregation = tuple(rewards), aggregation
         self.max_len, self.length_cache, self.eps = max_len, length_cache, eps
+        self.success_threshold = success_threshold  # a sample succeeds at a test reward >= this
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -138,13 +145,16 @@ def resolve(
 
 
 def from_config(cfg) -> RewardSet:
-    """The RewardSet of a RunConfig (its rewards section, L_max = max_new_tokens x max_turns, --adv_eps)."""
+    """The RewardSet of a RunConfig (its rewards section, L_max = max_new_tokens x max_turns, --adv_eps,
+    --success_threshold)."""
     rw, ro = cfg.rewards, cfg.rollout
     max_len = ro.max_new_tokens * ro.max_turns
-    return resolve(
+    out = resolve(
         rw.functions,
         rw.aggregation,
         max_len=max_len,
         length_cache=rw.cache_len(max_len),
         eps=cfg.objective.adv_eps,
     )
+    out.success_threshold = cfg.objective.success_threshold
+    return out

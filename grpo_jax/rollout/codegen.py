@@ -180,6 +180,11 @@ class CodegenRollout:
         if self.grader.rewards is not None:  # each reward's mean, std and share of the advantage
             parts = np.stack([rounds[ri].grades.parts[b] for ri, b in rows])  # type: ignore[index]
             m.update(parts_metrics(parts, self.grader.rewards))
+            # the success rate of the TEST reward (the train step's reads the combined one; this replaces it)
+            tests = np.stack([rounds[ri].grades.rewards[b] for ri, b in rows])
+            gm = np.asarray(batch.group_mask)
+            ok = (tests >= self.grader.rewards.success_threshold) * gm
+            m["Performance/SuccessRate"] = float(ok.sum() / max(float(gm.sum()), 1.0))
         if self.pool_rt is not None and self.pool_rt.uses_baseline:
             probs = [self.source.problems[rounds[ri].idx[b]] for ri, b in rows]
             base, valid, pm = self.pool_rt.baseline(
