@@ -11,7 +11,7 @@ from grpo_jax.codegen import pipeline
 from grpo_jax.codegen.tasks import make_split
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.tokenization.code import CodeTokenizer
-from grpo_jax.train.sft import SFTBatch, make_sft_step, sft_loss, sft_train
+from grpo_jax.train.sft import SFTBatch, bucket_widths, make_sft_step, sft_loss, sft_train
 
 TOK = CodeTokenizer()
 CFG = tfm.TransformerConfig(
@@ -73,3 +73,27 @@ def test_sft_train_learns_and_is_deterministic():
     )
     pairs = zip(jax.tree.leaves(p1), jax.tree.leaves(p3), strict=True)
     assert any(not np.array_equal(a, b) for a, b in pairs)
+
+
+def test_bucket_widths_cut_only_padding():
+    pmask = np.array([[0, 0, 0, 1, 1], [0, 1, 1, 1, 1], [0, 0, 0, 0, 1]])  # left-padded prompts: 2, 4, 1
+    cmask = np.array([[1, 1, 1, 0, 0, 0], [1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0]])  # targets: 3, 1, 2
+    assert bucket_widths(pmask, cmask, np.array([0, 2]), 1) == (2, 3)
+    assert bucket_widths(pmask, cmask, np.array([0, 2]), 2) == (2, 4)
+    assert bucket_widths(pmask, cmask, np.array([1]), 4) == (4, 4)
+    assert bucket_widths(pmask, cmask, np.array([0, 1, 2]), 8) == (5, 6)  # at most the full widths
+
+
+def test_bucketed_sft_is_the_padded_sft_to_float_rounding():
+    """The same minibatches, cut to their real lengths (multiples of 4): the same losses and parameters to
+    float rounding, on narrower rows than prompt_len + max_new_tokens."""
+    opt = optax.adam(3e-3)
+    kw = dict(steps=6, batch_size=8, key=jax.random.PRNGKey(3), print_fn=lambda s: None)
+    padded, hp = sft_train(_params(), CFG, opt, DATA, **kw)
+    cut, hc = sft_train(_params(), CFG, opt, DATA, **kw, bucket=4)
+    np.testing.assert_allclose([h["loss"] for h in hc], [h["loss"] for h in hp], rtol=1e-5)
+    assert [h["tokens"] for h in hc] == [h["tokens"] for h in hp]
+    for a, b in zip(jax.tree.leaves(cut), jax.tree.leaves(padded), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+    pw, cw = bucket_widths(np.asarray(DATA[1]), np.asarray(DATA[3]), np.arange(len(DATA[0])), 4)
+    assert pw < DATA[0].shape[1]  # the cut is real here: the prompts' padding is wider than any prompt

@@ -73,6 +73,7 @@ SFT_INPUTS = (
     "sft.lr",
     "sft.warmup_steps",
     "sft.data",
+    "sft.bucket",
     # how --sft_data's inputs are read (which problems, their prompts; codeio: the first --codeio_tasks)
     "tasks.data_format",
     "tasks.visible_tests",

@@ -29,7 +29,7 @@ from grpo_jax.errors import fail
 # these fields again when changing init_from that way.
 AUTO_DEFAULTS: dict[str, tuple[Any, Any]] = {"sft.steps": (300, 0), "tasks.prompt_format": ("plain", "chat")}
 # what only matters when SFT runs: refused next to a pretrained model's no-SFT default (RunConfig)
-_SFT_SETTINGS = ("sft.batch", "sft.lr", "sft.warmup_steps", "tasks.sft_levels")
+_SFT_SETTINGS = ("sft.batch", "sft.lr", "sft.warmup_steps", "sft.bucket", "tasks.sft_levels")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -174,6 +174,12 @@ class SFTConfig:
         "decides them (config.SFT_INPUTS: seed, model, SFT tasks and settings; checked). Empty = SFT here.",
         flag="sft_from",
     )
+    bucket: int = opt(
+        0,
+        "Cut each SFT minibatch to its longest prompt and reference, rounded up to a multiple of this many "
+        "tokens (only padding is cut; the same loss to float rounding, one compilation per width pair); 0 = "
+        "rows padded to --prompt_len + --max_new_tokens.",
+    )
     data: str = opt(
         "",
         "Run the warm start on the reference solutions of these problems instead of the source's SFT "
@@ -195,7 +201,7 @@ class SFTConfig:
                 "the SFT warm start's problems: needs --sft_steps > 0 (this run has 0; auto is 0 for a "
                 "pretrained --init_from model): give --sft_steps=N, or drop --sft_data",
             )
-        _positive(self, ("warmup_steps",), strict=False)
+        _positive(self, ("warmup_steps", "bucket"), strict=False)
         _positive(self, ("batch", "lr"))
 
 

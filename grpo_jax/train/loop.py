@@ -148,6 +148,7 @@ def sft_warm_start(run: Run, params, key):
         key=key,
         log_every=max(1, steps // 5),
         print_fn=run.print,
+        bucket=cfg.sft.bucket,
     )
     run.results["sft_seconds"] = time.perf_counter() - t
     run.results["sft_final_loss"] = hist[-1]["loss"]
