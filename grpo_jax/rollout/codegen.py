@@ -227,7 +227,7 @@ class CodegenRollout:
         tokens, mask = self.ctx.host((out.tokens, out.mask))  # tokens out (every process: all rows)
         release_host_memory()  # the sampler's caches and weight copy, freed, back to the OS
         t1 = time.perf_counter()
-        grades = self.grader.grade(probs, tokens, mask)
+        grades = self.grader.grade(probs, tokens, mask, first_turn=self.turns is not None)
         replayed_rows = np.arange(self.B) >= self.B - n_rep
         counts = None
         if self.turns is not None:  # later turns on the failed rows; the batch holds whole trajectories

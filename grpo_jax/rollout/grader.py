@@ -93,13 +93,18 @@ class Grader:
         self.ctx, self.owned = ctx or Context(), owned
         self.rewards = None if rewards is None or rewards.trivial else rewards  # None: the all-pass reward
 
-    def grade(self, problems: Sequence[Problem], tokens: np.ndarray, mask: np.ndarray) -> Grades:
+    def grade(
+        self, problems: Sequence[Problem], tokens: np.ndarray, mask: np.ndarray, *, first_turn: bool = False
+    ) -> Grades:
+        """`first_turn`: the first turn of multi-turn trajectories, whose rewards are computed on the
+        trajectories' last replies when they end (MultiTurn): no reward function runs here."""
         t0 = time.perf_counter()
         texts = decode_completions(self.tok, tokens, mask)
-        lengths = np.asarray(mask).reshape(len(texts), -1).sum(-1)
+        lengths = None if first_turn else np.asarray(mask).reshape(len(texts), -1).sum(-1)
         verdicts, rewards, parts = self.score_all(problems, texts, lengths)
+        seconds = time.perf_counter() - t0
         return self.assemble(
-            problems, texts, verdicts, rewards, seconds=time.perf_counter() - t0, parts=parts
+            problems, texts, verdicts, rewards, seconds, parts=parts, skip_rewards=first_turn
         )
 
     def assemble(
@@ -113,16 +118,17 @@ class Grader:
         parts: np.ndarray | None = None,
         replies: Sequence[str] | None = None,
         lengths: np.ndarray | None = None,
+        skip_rewards: bool = False,
     ) -> Grades:
         """The Grades of B x G graded rows (texts and verdicts [B * G], rewards [B, G]): adds the per-test
         results [B, G, M] of the verdicts and, with several reward functions, their values `parts` [B, G, F]
         (computed here from `replies` — the texts when None — and the model's token `lengths` [B * G] when
-        not given) and the training reward."""
+        not given) and the training reward (none of them with `skip_rewards`)."""
         B, G = len(problems), self.G
         n_tests = [len(p.tests) for p in problems for _ in range(G)]
         tv, tm = per_test_rewards(verdicts, self.num_tests, n_tests)
         combined = None
-        if self.rewards is not None:
+        if self.rewards is not None and not skip_rewards:
             if parts is None:
                 assert lengths is not None, "assemble: the reward functions need the replies' token lengths"
                 rows = np.arange(B)
