@@ -21,23 +21,19 @@ import re
 from absl import app
 
 from grpo_jax import stats
+from grpo_jax.codegen.datasets import read_jsonl
 from grpo_jax.sandbox.types import Status
-
-
-def _rows(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
-        return [json.loads(x) for x in f if x.strip()]
 
 
 def train_parse_share(wd: str) -> float:
     """1 − syntax errors / programs over the run's train-step rows of metrics.jsonl."""
-    rows = [r for r in _rows(os.path.join(wd, "metrics.jsonl")) if "sandbox/syntax_error" in r]
+    rows = [r for r in read_jsonl(os.path.join(wd, "metrics.jsonl")) if "sandbox/syntax_error" in r]
     total = sum(sum(r[f"sandbox/{s.value}"] for s in Status) for r in rows)
     return 1.0 - sum(r["sandbox/syntax_error"] for r in rows) / max(total, 1)
 
 
 def heldout_parse_share(wd: str, step: int) -> float:
-    rows = _rows(os.path.join(wd, "eval", f"step_{step}", "heldout_greedy.jsonl"))
+    rows = read_jsonl(os.path.join(wd, "eval", f"step_{step}", "heldout_greedy.jsonl"))
     return sum(r["status"] != Status.SYNTAX_ERROR.value for r in rows) / max(len(rows), 1)
 
 

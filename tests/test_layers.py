@@ -54,7 +54,7 @@ RULES = {
     "runtime":   Rule("runtime/*",  ONLY,  ("runtime", "codegen", *NEUTRAL)),
     "rollout":   Rule("rollout/*",  NEVER, ("train", "eval")),
     "eval":      Rule("eval/*",     NEVER, ("train",)),
-    "rewards":   Rule("rewards/*",  ONLY,  ("rewards", "problem", "sandbox.types", "errors")),
+    "rewards":   Rule("rewards/*",  ONLY,  ("rewards", "codegen", "problem", "sandbox", "errors")),
     "neutral":   Rule(tuple(f"{m}.py" for m in NEUTRAL), ONLY, NEUTRAL),
 }
 # fmt: on

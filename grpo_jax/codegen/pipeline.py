@@ -104,6 +104,12 @@ def extract_code(reply: str) -> str:
     return m.group(1) if m else reply
 
 
+def fenced_blocks(reply: str) -> list[str]:
+    """The bodies of every fenced code block of a chat reply, as extract_code finds the first (an unclosed
+    last fence runs to the end)."""
+    return _FENCE.findall(reply)
+
+
 def completion_for(problem: Problem, reply: str, fmt: PromptFormat = PLAIN) -> str:
     """The completion that `problem.program_for` turns into a program. Chat: the extracted code; for an
     append-mode problem it follows the prompt on a new line, so a whole redefined function (a new `def` at

@@ -170,12 +170,11 @@ def run(o: PolicyEval, loaded: LoadedPolicy, executor, log=print, progress_write
     seconds["total"] = time.perf_counter() - t_start
     out["seconds"] = {k: round(v, 2) for k, v in seconds.items()}
     greedy_rows, sample_rows, per_task = records
-    jsonl = lambda rows: "".join(json.dumps(r) + "\n" for r in rows)  # noqa: E731
     files = {
         "results.json": json.dumps(out, indent=1) + "\n",
-        "per_task.jsonl": jsonl(per_task),
-        "samples.jsonl": jsonl(sample_rows),
-        "greedy.jsonl": jsonl(greedy_rows),
+        "per_task.jsonl": results.jsonl(per_task),
+        "samples.jsonl": results.jsonl(sample_rows),
+        "greedy.jsonl": results.jsonl(greedy_rows),
     }
     results.write_dir_atomic(o.out_dir, files)
     return out

@@ -5,17 +5,13 @@ ruff pass per batch (Context.static)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from grpo_jax.codegen import pipeline
 from grpo_jax.rewards import static
 from grpo_jax.rewards.types import Sample
-
-# a fenced code block of a chat reply (the opening fence, its body, the closing fence or the reply's end), as
-# grpo_jax.codegen.pipeline.extract_code reads it
-_FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.S | re.I)
 
 
 class Context:
@@ -48,7 +44,7 @@ def tests_fraction(ctx: Context) -> np.ndarray:
 
 def one_fence(reply: str) -> bool:
     """Exactly one fenced code block in a chat reply (an unclosed last fence counts as one)."""
-    return len(_FENCE.findall(reply)) == 1
+    return len(pipeline.fenced_blocks(reply)) == 1
 
 
 def format_reward(ctx: Context) -> np.ndarray:

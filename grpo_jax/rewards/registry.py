@@ -126,6 +126,7 @@ def resolve(
     max_len: int,
     length_cache: int,
     eps: float = 1e-4,
+    success_threshold: float = 1.0,
 ) -> RewardSet:
     """The RewardSet of a --rewards value (spec.parse), user functions imported and checked; `eps` is added to
     the stds of the normalisations (the objective's --adv_eps)."""
@@ -141,7 +142,7 @@ def resolve(
             rewards.append(Reward(name, w, builtin.FUNCTIONS[name], user=False))
         else:
             rewards.append(Reward(name, w, load_user(name), user=True))
-    return RewardSet(rewards, aggregation, max_len, length_cache, eps)
+    return RewardSet(rewards, aggregation, max_len, length_cache, eps, success_threshold)
 
 
 def from_config(cfg) -> RewardSet:
@@ -149,12 +150,11 @@ def from_config(cfg) -> RewardSet:
     --success_threshold)."""
     rw, ro = cfg.rewards, cfg.rollout
     max_len = ro.max_new_tokens * ro.max_turns
-    out = resolve(
+    return resolve(
         rw.functions,
         rw.aggregation,
         max_len=max_len,
         length_cache=rw.cache_len(max_len),
         eps=cfg.objective.adv_eps,
+        success_threshold=cfg.objective.success_threshold,
     )
-    out.success_threshold = cfg.objective.success_threshold
-    return out
