@@ -182,6 +182,19 @@ _PREFILL = jax.jit(tfm.prefill, static_argnums=(1, 4, 5))
 _DECODE = jax.jit(tfm.decode_step, static_argnums=1)
 
 
+def cached_decode_vs_forward(params, cfg, tok, mask, t: int) -> tuple[jax.Array, jax.Array]:
+    """(decoded, ref) [B, t, V]: the logits of prefill on all but the last t tokens then t - 1 decode steps
+    fed the true tokens, and the forward's logits at the same positions (predicting tokens S-t .. S-1)."""
+    s = tok.shape[1]
+    ref = _FWD(params, cfg, tok, mask)[:, s - t - 1 : s - 1]
+    cache, lg = _PREFILL(params, cfg, tok[:, : s - t], mask[:, : s - t], 1, t)
+    steps = [lg]
+    for i in range(t - 1):
+        cache, lg = _DECODE(params, cfg, cache, tok[:, None, s - t + i], jnp.int32(i))
+        steps.append(lg[:, 0])
+    return jnp.stack(steps, 1), ref
+
+
 @pytest.mark.parametrize("name", ["qwen3", "llama3_scaled"])
 def test_cached_decode_matches_forward(built, name):
     """The sampler's KV-cache path (prefill + decode_step) on a loaded checkpoint = forward, logits step by
@@ -191,13 +204,8 @@ def test_cached_decode_matches_forward(built, name):
     cfg, params = hfm.load_hf(path)
     t = 8
     tok, mask = jnp.asarray(tok), jnp.asarray(mask)
-    ref = _FWD(params, cfg, tok, mask)[:, S - t - 1 : S - 1]  # [B, T, V]: predicts tokens S-t .. S-1
-    cache, lg = _PREFILL(params, cfg, tok[:, : S - t], mask[:, : S - t], 1, t)
-    steps = [lg]
-    for i in range(t - 1):
-        cache, lg = _DECODE(params, cfg, cache, tok[:, None, S - t + i], jnp.int32(i))
-        steps.append(lg[:, 0])
-    np.testing.assert_allclose(jnp.stack(steps, 1), ref, atol=2e-5 * float(jnp.abs(ref).max()), rtol=0)
+    got, ref = cached_decode_vs_forward(params, cfg, tok, mask, t)
+    np.testing.assert_allclose(got, ref, atol=2e-5 * float(jnp.abs(ref).max()), rtol=0)
 
 
 # ----------------------------------------------------------------------------------------------------------

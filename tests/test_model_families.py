@@ -112,7 +112,7 @@ def built(tmp_path_factory):
     return get
 
 
-from test_hf_checkpoints import _FWD, _rel, _torch_logits  # noqa: E402  (one copy of the parity helpers)
+from test_hf_checkpoints import _FWD, _rel, _torch_logits, cached_decode_vs_forward  # noqa: E402  (one copy of the parity helpers)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -172,10 +172,6 @@ def test_training_forward_matches_forward(built, name):
             np.testing.assert_allclose(a, b, atol=1e-4 * float(jnp.abs(b).max()) + 1e-7)
 
 
-_PREFILL = jax.jit(tfm.prefill, static_argnums=(1, 4, 5))
-_DECODE = jax.jit(tfm.decode_step, static_argnums=1)
-
-
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cached_decode_matches_forward(built, name, dtype):
@@ -186,15 +182,10 @@ def test_cached_decode_matches_forward(built, name, dtype):
     cfg = dataclasses.replace(cfg, compute_dtype=dtype)
     tok, mask = (jnp.asarray(x) for x in _inputs())
     t = 12
-    ref = _FWD(params, cfg, tok, mask)[:, S - t - 1 : S - 1]  # [B, T, V]: predicts tokens S-t .. S-1
-    cache, logits = _PREFILL(params, cfg, tok[:, : S - t], mask[:, : S - t], 1, t)
-    steps = [logits]
-    for i in range(t - 1):
-        cache, logits = _DECODE(params, cfg, cache, tok[:, None, S - t + i], jnp.int32(i))
-        steps.append(logits[:, 0])
+    got, ref = cached_decode_vs_forward(params, cfg, tok, mask, t)
     # bf16: the forward rounds every key and value to bf16, the decode keeps its own in float32 (KVCache)
     tol = 2e-5 if dtype == "float32" else 6e-2
-    np.testing.assert_allclose(jnp.stack(steps, 1), ref, atol=tol * float(jnp.abs(ref).max()), rtol=0)
+    np.testing.assert_allclose(got, ref, atol=tol * float(jnp.abs(ref).max()), rtol=0)
 
 
 def _argmax_path_ok(params, cfg, contexts: list[np.ndarray], replies: list[np.ndarray]) -> None:
