@@ -127,6 +127,11 @@ wait_end() {  # wait_end JOBID TIMEOUT_S -> the final JobState (a requeued job i
   done
   echo "TIMEOUT_WAITING($(field "$jid" JobState))"
 }
+# submit_until_ckpt WORKDIR NAME STEP [sbatch options...]: submit, JID = the job id, wait for its step's checkpoint
+submit_until_ckpt() {
+  JID="$(submit "$1" "$2" "${@:4}")" || fail "sbatch refused the job"
+  wait_ckpt "$1" "$3" "$JID"
+}
 wait_ckpt() {  # wait_ckpt WORKDIR STEP JOBID: until the step's checkpoint directory exists
   local t0
   t0=$(date +%s)
@@ -184,8 +189,8 @@ say "job $jid on $nodelist COMPLETED; final SHA = 1-process SHA"
 # --- kill: task 1's process SIGKILLed after the step-1 checkpoint ----------------------------------------------
 stage kill "the same command; task 1 SIGKILLed after the step-1 checkpoint"
 WD="$RUNS/faults"
-jid="$(submit "$WD" faults)" || fail "sbatch refused the job"
-wait_ckpt "$WD" 1 "$jid"
+submit_until_ckpt "$WD" faults 1
+jid="$JID"
 pid="$(task_pid "$jid" 1)" || fail "task 1 of job $jid not found"
 kill -KILL "$pid"
 t_kill=$(date +%s)
@@ -202,8 +207,8 @@ if ((NODES > 1)); then
   stage "node loss" "the same submission (it resumes); task 1's node lost after its first checkpoint"
   next=$(($(newest "$WD") + 1))
   ((next <= 2)) || fail "the killed run got as far as checkpoint $((next - 1)): too late for this stage"
-  jid="$(submit "$WD" faults)" || fail "sbatch refused the job"
-  wait_ckpt "$WD" "$next" "$jid"
+  submit_until_ckpt "$WD" faults "$next"
+  jid="$JID"
   pid="$(task_pid "$jid" 1)" || fail "task 1 of job $jid not found"
   node="$(2>/dev/null tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^SLURMD_NODENAME=//p')"
   [[ -n "$node" ]] || fail "task 1's node unknown"
@@ -247,8 +252,8 @@ say "job $jid COMPLETED, $resumed; final SHA = 1-process SHA"
 # --- requeue -----------------------------------------------------------------------------------------------------
 stage requeue "sbatch --requeue; scontrol requeue after the step-1 checkpoint"
 WD="$RUNS/requeue"
-jid="$(submit "$WD" requeue --requeue)" || fail "sbatch refused the job"
-wait_ckpt "$WD" 1 "$jid"
+submit_until_ckpt "$WD" requeue 1 --requeue
+jid="$JID"
 scontrol requeue "$jid" || fail "scontrol requeue $jid refused"
 say "job $jid requeued"
 st="$(wait_end "$jid" 500)"
