@@ -19,7 +19,8 @@ A point is one arm at one seed: `python -m experiments.codegen --flagfile=F... <
 --seed=S --workdir=DIR/<arm>/s<S>` (the last setting of a field wins). A warm start is one SFT-only run per
 seed (the same flags, `--steps=0`, in DIR/_warm/<name>/s<S>); each arm naming it gets `--sft_from=` that
 workdir, so the main job takes its post-SFT parameters from there instead of repeating SFT (it checks that
-the seed, model, SFT tasks and SFT settings are the same: grpo_jax.config.SFT_INPUTS). Before anything runs,
+the seed, model, SFT tasks and SFT settings are the same: grpo_jax.config.SFT_INPUTS) and, where the arm
+evaluates as the warm start did, its post-SFT evaluation too (grpo_jax.train.heldout). Before anything runs,
 every arm's and warm start's command is resolved by the main job's `--dry_run` (a refused flag is reported
 with the arm's name) and each arm's SFT inputs are compared with its warm start's.
 

@@ -77,6 +77,7 @@ def test_each_evaluation_writes_per_task_rows_that_agree_with_its_figures(run, s
         "heldout_per_task.jsonl",
         "mbpp_greedy.jsonl",
         "mbpp_per_task.jsonl",
+        "summary.json",  # the evaluation's identity and figures (grpo_jax.train.heldout), written last
     ]
     held = rows(d / "heldout_per_task.jsonl")
     # the procedural held-out split (4 tasks of level 0), each once: the stale row was replaced, not kept

@@ -13,7 +13,7 @@ import pytest
 from grpo_jax.eval import evaluation
 from grpo_jax.eval.progress import EvalProgress
 from grpo_jax.runtime import compile_cache
-from grpo_jax.train import loop
+from grpo_jax.train import heldout, loop
 from grpo_jax.train.console import Progress
 from grpo_jax.train.export import params_digest
 
@@ -37,6 +37,8 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
 
         state = loop.warm_start(run)
         assert int(state.train.step) == 0 and run.ckpt.latest_step() == 0  # checkpoint 0 is on disk
+        assert "sft" not in run.results and not any("[eval" in x for x in lines)  # saved before evaluating
+        run.results["sft"] = loop.evaluate(run, state, 0, "after SFT")  # as loop.run does next
         assert 0.0 <= run.results["sft"]["pass@1"] <= 1.0 and any("[eval after SFT]" in x for x in lines)
         before = params_digest(jax.device_get(state.train.params))
 
@@ -59,9 +61,9 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         assert 0.0 <= ev["pass@1"] <= 1.0 and ev["seconds"] > 0
         assert any("[eval phase test]" in x for x in lines)
         # a long evaluation (here: every one, quiet_s=0) shows a progress line per batch with an ETA
-        monkeypatch.setattr(loop, "EvalProgress", lambda n, write, quiet_s: EvalProgress(n, write))
+        monkeypatch.setattr(heldout, "EvalProgress", lambda n, write, quiet_s: EvalProgress(n, write))
         del lines[:]
-        loop.evaluate(run, state, 1, "phase test")
+        loop.evaluate(run, state, 2, "phase test")  # (another step: step 1's would be reused)
         n = -(-len(run.problems.heldout) // cfg.eval.batch)
         shown = [re.sub(r"[0-9.]+ s, ETA \d+ s$", "T", x) for x in lines if "batches" in x]
         assert shown == [
@@ -71,7 +73,7 @@ def test_phases_hand_over_state_checkpoints_logs_and_results(tmp_path, ex, monke
         # the evaluation's compiled samplers: kept without a persistent compilation cache, dropped (freed)
         # when the cache can give them back (evaluation.release_engine)
         monkeypatch.setattr(compile_cache, "directory", lambda: None)
-        loop.evaluate(run, state, 1, "phase test")
+        loop.evaluate(run, state, 3, "phase test")
         assert run.eval_engine.cache_size() == 1  # one held-out shape
         monkeypatch.setattr(compile_cache, "directory", lambda: str(tmp_path))
         evaluation.release_engine(run.eval_engine)

@@ -1,5 +1,5 @@
 """One evaluation of a policy on a problem set, through a rollout engine: what the main job's held-out
-evaluation (grpo_jax.train.loop.evaluate) and `experiments.evaluate` both run.
+evaluation (grpo_jax.train.heldout.evaluate) and `experiments.evaluate` both run.
 
     spec = EvalSpec(n_samples=8, ks=(1, 8), batch=16, max_new_tokens=512, ...)
     metrics = evaluate(policy, engine, executor, problems, key, spec, progress=..., details=...)

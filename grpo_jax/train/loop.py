@@ -6,11 +6,13 @@
     setup(cfg, executor)      the Run (grpo_jax.train.build: tasks, tokenizer, model, optimizer, checkpointer,
                               rollout, train step) and the latest checkpoint when the workdir holds one
                               (grpo_jax.train.resume)
-    warm_start(run)           model init, SFT, LoRA adapters over the frozen base, evaluation, checkpoint 0
+    warm_start(run)           model init, SFT, LoRA adapters over the frozen base, checkpoint 0, then the
+                              evaluation at step 0 (in run(): a run resumed at step 0 evaluates there)
     train(run, state, step)   RL steps until cfg.steps (or a signal): checkpoints, periodic evaluation
       rl_step                 rollout.produce -> train_step -> rollout.settle -> log
     evaluate(run, state, step, tag)   held-out pass@1 greedy and pass@k sampled (the "eval" stream: the
-                              training trajectory never depends on it)
+                              training trajectory never depends on it; grpo_jax.train.heldout: an
+                              evaluation of the same identity already on disk is reused)
     finish(run, state, step)  final evaluation, pass-rate table, results.json
 
 Host loop only, no math (grpo_jax.core, grpo_jax.algorithms, grpo_jax.train.step). The step counter lives on
@@ -25,7 +27,6 @@ import dataclasses
 import os
 import time
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import numpy as np
@@ -33,9 +34,6 @@ import numpy as np
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.config import OptimConfig, RunConfig
-from grpo_jax.eval import evaluation
-from grpo_jax.eval import results as eval_results
-from grpo_jax.eval.progress import EvalProgress
 from grpo_jax.policies import lora
 from grpo_jax.policies import transformer as tfm
 from grpo_jax.rollout import multiturn
@@ -46,6 +44,7 @@ from grpo_jax.train.build import Run, RunConfigError, build, placed_state
 from grpo_jax.train.checkpoint import SignalFlag
 from grpo_jax.train.console import Progress, final_table
 from grpo_jax.train.export import export, params_digest
+from grpo_jax.train.heldout import evaluate
 from grpo_jax.train.logging import MetricsLogger, NullLogger, write_json_atomic
 from grpo_jax.train.pass_rates import PassRateTable
 from grpo_jax.train.resume import check_sft_source, restore, save, sft_params_from
@@ -70,6 +69,8 @@ def run(cfg: RunConfig, executor: Executor, print_fn: Callable[[str], None] = pr
     try:
         if state is None:
             state = warm_start(job)
+        if step == 0 and "sft" not in job.results:  # checkpoint 0 is saved before its evaluation
+            job.results["sft"] = evaluate(job, state, 0, "after SFT" if cfg.sft.steps else "before GRPO")
         state, step, interrupted = train(job, state, step)
         return job.results if interrupted else finish(job, state, step)
     finally:
@@ -121,8 +122,7 @@ def warm_start(run: Run) -> RunState:
             f"PPO: the critic is a value head on the policy's trunk ({run.model.d_model + 1} parameters: one "
             f"D -> 1 projection per token; γ {p.gamma}, λ {p.lam}, vf_coef {p.vf_coef})"
         )
-    run.results["sft"] = evaluate(run, state, 0, "after SFT" if cfg.sft.steps else "before GRPO")
-    save(run, state, 0)
+    save(run, state, 0)  # before the evaluation: a run stopped during it resumes after SFT (run() evaluates)
     return state
 
 
@@ -214,42 +214,6 @@ def rl_step(run: Run, state: RunState, step: int, progress: Progress) -> RunStat
     if run.cfg.log.sample_every and n % run.cfg.log.sample_every == 0:
         run.logger.samples(n, info.samples)
     return dataclasses.replace(state, train=train_state, rollout=rollout)
-
-
-def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
-    """Held-out metrics of the current policy (after `step` RL steps), logged at that step: the held-out set
-    (greedy pass@1 and pass@k, per turn with --eval_max_turns) and greedy pass@1 of the extra sets, through
-    the run's evaluation engine (grpo_jax.eval.evaluation; the "eval" stream: training never depends on
-    it). The main process writes each set's per-task and greedy rows to WORKDIR/eval/step_<step>/
-    (grpo_jax.eval.results.write_step_records: experiments.evaluate's per_task.jsonl schema)."""
-    cfg = run.cfg
-    params = state.train.params if run.param_fn is None else run.param_fn(state.train.params, state.frozen)
-    t = time.perf_counter()
-    if not cfg.rollout.async_rewards:  # (an asynchronous rollout may be sampling now)
-        evaluation.release_all()
-    policy = evaluation.Policy(params, run.tok, cfg.tasks.prompt, run.ctx.host)
-    spec = evaluation.spec_from_config(cfg, run.eval_engine)
-    out: dict = {}
-    sets = [("heldout", run.problems.heldout, spec)]
-    sets += [(name, probs, spec.greedy_only()) for name, probs in run.problems.extra.items()]
-    for name, problems, sp in sets:
-        batches = evaluation.plan(policy, problems, sp)
-        prog = EvalProgress(
-            len(batches), lambda line, n=name: run.print(f"[eval {tag}] {n} {line}"), quiet_s=10.0
-        )
-        key = rng_lib.derive(state.train.rng["eval"], step, name)
-        details: dict = {}  # the texts and verdicts behind the figures (the per-task rows)
-        kw: dict[str, Any] = dict(progress=prog, batches=batches, details=details)
-        res = evaluation.evaluate(policy, run.eval_engine, run.executor, problems, key, sp, **kw)
-        out.update(res if name == "heldout" else {f"{name}/pass@1": res["pass@1"]})
-        if run.ctx.is_main:  # experiments.evaluate's per-task rows, per step
-            eval_results.write_step_records(cfg.workdir, step, name, problems, details, sp, policy.fmt)
-    evaluation.release_engine(run.eval_engine)
-    out["seconds"] = time.perf_counter() - t
-    shown = [k for k in out if k.startswith(("pass@", "level")) or "/pass@" in k]
-    run.print(f"[eval {tag}] " + "  ".join(f"{k} {out[k]:.3f}" for k in shown))
-    run.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in out.items()})  # TB mangles "@"
-    return out
 
 
 def finish(run: Run, state: RunState, step: int) -> dict:
