@@ -132,3 +132,37 @@ def test_a_run_stopped_during_its_step0_evaluation_resumes_after_sft(tmp_path, e
     res, out = mainjob.run(mainjob.TINY, "--steps=1", *GREEDY, workdir=wd, executor=ex)
     assert "resumed from" in out and "sft step" not in out  # SFT not repeated
     assert "[eval after SFT]" in out and 0.0 <= res["sft"]["pass@1"] <= 1.0 and res["steps"] == 1
+
+
+def test_an_evaluation_stopped_part_way_samples_only_what_it_had_not(tmp_path, ex, monkeypatch):
+    """Sampler calls kept in .partial/ until the summary: the second attempt reads back the calls the first
+    made and draws the rest; its figures and rows equal an uninterrupted evaluation's."""
+    args = (mainjob.TINY, "--steps=0", "--eval_batch=1")  # 4 held-out tasks: 4 greedy + 4 sampled calls
+    clean, _ = mainjob.run(*args, workdir=tmp_path / "clean", executor=ex)
+    drawn: list = []  # the calls sampled (each is written to the store once drawn)
+    real_put = evaluation.SampleStore.put
+
+    def put(self, i, tokens, mask):
+        real_put(self, i, tokens, mask)
+        drawn.append(i)
+        if stop and len(drawn) == 6:
+            raise KeyboardInterrupt("stopped during the sampled pass")
+
+    stop = True
+    monkeypatch.setattr(evaluation.SampleStore, "put", put)
+    wd = tmp_path / "w"
+    cfg, notes = mainjob.config(*args, workdir=wd)
+    with pytest.raises(KeyboardInterrupt):
+        loop.run(cfg, ex, print_fn=lambda _: None, notes=notes)
+    kept = sorted(p.name for p in (wd / "eval" / "step_0" / heldout.PARTIAL).glob("*/heldout/*.npz"))
+    assert kept == [f"{i}.npz" for i in range(1, 7)] and drawn == [1, 2, 3, 4, 5, 6]
+    stop = False
+    res, out = mainjob.run(*args, workdir=wd, executor=ex)
+    assert drawn[6:] == [7, 8]  # only the calls the first attempt had not made
+    assert "[eval after SFT] heldout: 6 sampler batches read back from an earlier attempt" in out
+    same = lambda ev: {k: v for k, v in ev.items() if k != "seconds"}  # noqa: E731
+    assert same(res["sft"]) == same(clean["sft"])
+    for name in ("heldout_per_task.jsonl", "heldout_greedy.jsonl"):
+        got, want = (d / "eval" / "step_0" / name for d in (wd, tmp_path / "clean"))
+        assert got.read_text() == want.read_text()
+    assert not (wd / "eval" / "step_0" / heldout.PARTIAL).exists()

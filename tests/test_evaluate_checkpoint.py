@@ -64,9 +64,9 @@ def env(tmp_path_factory):
                 seen.append((real_evaluate(*args, **kw), details))
                 return seen[-1][0]
 
-            def sampler(policy, engine, key, spec, digests=digests):
+            def sampler(policy, engine, key, spec, store=None, digests=digests):
                 digests.append(params_digest(policy.params))
-                return real_sampler(policy, engine, key, spec)
+                return real_sampler(policy, engine, key, spec, store=store)
 
             def lora_init(*args, **kw):  # B != 0: the merged policy differs from the frozen base
                 return jax.tree.map(lambda x: x + 0.05, real_lora_init(*args, **kw))
@@ -78,7 +78,8 @@ def env(tmp_path_factory):
                 cfg, notes = mainjob.config(*flags, workdir=root / name)
                 run, _, _ = loop.setup(cfg, ex, lambda _: None, notes)
                 try:
-                    loop.warm_start(run)  # the held-out evaluation, then checkpoint 0
+                    state = loop.warm_start(run)  # checkpoint 0, then (loop.run) the held-out evaluation
+                    loop.evaluate(run, state, 0, "after SFT")
                 finally:
                     run.close()
             assert len(seen) == 1

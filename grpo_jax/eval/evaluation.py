@@ -15,10 +15,14 @@ grpo_jax.eval.results).
 from __future__ import annotations
 
 import dataclasses
+import io
+import os
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
+import numpy as np
 
+from grpo_jax import atomic
 from grpo_jax import rng as rng_lib
 from grpo_jax.codegen import pipeline
 from grpo_jax.policies import sampling
@@ -70,17 +74,51 @@ class Policy(NamedTuple):
     host: Any
 
 
-def sample_fn(policy: Policy, engine, key, spec: EvalSpec) -> pipeline.SampleFn:
+class SampleStore:
+    """Each sampler call's tokens and mask on disk (call i: `directory`/i.npz, written atomically), so that an
+    evaluation stopped part way resumes at its first missing call: the calls before it are read back, not
+    sampled again (the same tokens: call i draws with derive(key, i) whatever ran before). The directory must
+    belong to one evaluation identity (its caller names it so: grpo_jax.train.heldout)."""
+
+    def __init__(self, directory: str):
+        self.directory, self.hits = directory, 0
+
+    def _path(self, i: int) -> str:
+        return os.path.join(self.directory, f"{i}.npz")
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray] | None:
+        try:
+            with np.load(self._path(i)) as z:
+                out = (z["tokens"], z["mask"])
+        except (OSError, ValueError, KeyError):  # absent, or unreadable: sampled again
+            return None
+        self.hits += 1
+        return out
+
+    def put(self, i: int, tokens, mask) -> None:
+        buf = io.BytesIO()
+        np.savez(buf, tokens=np.asarray(tokens), mask=np.asarray(mask))
+        os.makedirs(self.directory, exist_ok=True)
+        atomic.write_bytes(self._path(i), buf.getvalue())
+
+
+def sample_fn(
+    policy: Policy, engine, key, spec: EvalSpec, store: SampleStore | None = None
+) -> pipeline.SampleFn:
     """sample_fn(prompt, pmask, n, greedy) of codegen.pipeline.evaluate over `engine`: call i draws with
-    derive(key, i). After each call the freed host memory goes back to the OS (every prompt-length bucket is a
-    new sampler shape); with the persistent compilation cache on, the previous bucket's executables are
-    dropped as the next begins (they come back from the cache in seconds; ~85-170 MB each for SmolLM2)."""
+    derive(key, i) (or reads call i back from `store`, and writes each call it draws there). After each call
+    the freed host memory goes back to the OS (every prompt-length bucket is a new sampler shape); with the
+    persistent compilation cache on, the previous bucket's executables are dropped as the next begins (they
+    come back from the cache in seconds; ~85-170 MB each for SmolLM2)."""
     modes = {True: sampling.sampling_params(0.0), False: spec.sampled()}
     calls = [0]
     shapes: dict[int, tuple] = {}  # group size -> the prompt shape of its last call
 
     def fn(prompt, pmask, n, greedy):
         calls[0] += 1
+        stored = None if store is None else store.get(calls[0])
+        if stored is not None:
+            return stored
         if shapes.get(n, prompt.shape) != prompt.shape and compile_cache.directory() is not None:
             engine.release()  # a new bucket: the last one's executables are not needed again here
         shapes[n] = prompt.shape
@@ -90,6 +128,8 @@ def sample_fn(policy: Policy, engine, key, spec: EvalSpec) -> pipeline.SampleFn:
         )
         host = policy.host((out.tokens, out.mask))
         release_host_memory()
+        if store is not None:
+            store.put(calls[0], *host)
         return host
 
     return fn
@@ -162,13 +202,17 @@ def evaluate(
     progress=None,
     details: dict | None = None,
     batches=None,
+    store: SampleStore | None = None,
 ) -> dict[str, float]:
     """The metrics of codegen.pipeline.evaluate for `policy` sampled through `engine` with `key` (see the
     module docstring). `progress`: an eval.progress.EvalProgress whose sampler wrapper prints a line per
     batch; `batches`: the plan when the caller made it already (`plan`); `details`: receives the texts,
-    verdicts and, with turns, the per-turn records."""
+    verdicts and, with turns, the per-turn records; `store`: the sampler calls of an earlier attempt at this
+    evaluation (SampleStore; single-turn only: later turns sample outside these calls)."""
+    if store is not None and spec.max_turns > 1:
+        raise ValueError("evaluate: a SampleStore holds single-turn evaluations only (spec.max_turns > 1)")
     batches = plan(policy, problems, spec) if batches is None else batches
-    fn = sample_fn(policy, engine, key, spec)
+    fn = sample_fn(policy, engine, key, spec, store=store)
     if progress is not None:
         fn = progress.sampler(fn)
     return pipeline.evaluate(

@@ -11,6 +11,11 @@ a summary of the same identity, in this workdir (a run resumed after its evaluat
 --steps=0 whose final evaluation is its step-0 one) and, at step 0, in --sft_from's workdir (an arm of a sweep
 evaluating the warm start's parameters the way the warm start did): found, its figures are used and its rows
 copied, and one line names where they came from. Anything that differs, however small, computes anew.
+
+Computing one (single process, single turn), each sampler call's tokens are kept in
+WORKDIR/eval/step_N/.partial/<identity digest>/<set>/ until the summary is written: a run stopped during a long
+evaluation (SmolLM2 on MBPP test: about an hour here) samples, when it evaluates again, only the batches it had
+not (the same tokens: each call draws with its own key), and the directory is removed at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import time
 from typing import Any
 
@@ -36,6 +42,9 @@ from grpo_jax.train.state import RunState
 __all__ = ["SUMMARY", "evaluate", "identity"]
 
 SUMMARY = "summary.json"  # in eval_results.step_records_dir(workdir, step), written last
+PARTIAL = (
+    ".partial"  # beside it: the sampler calls of an unfinished attempt, by identity (removed at the end)
+)
 
 
 def _sha(obj: Any) -> str:
@@ -124,17 +133,21 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
         summary = os.path.join(eval_results.step_records_dir(cfg.workdir, step), SUMMARY)
         if run.ctx.is_main and os.path.exists(summary):  # another evaluation's: its rows are about to go
             os.remove(summary)
-        out = _compute(run, state, params, step, tag, spec)
+        partial = os.path.join(os.path.dirname(summary), PARTIAL, _sha(ident)[:16])
+        out = _compute(run, state, params, step, tag, spec, partial)
         if run.ctx.is_main:
             atomic.write_json(summary, {"identity": ident, "results": out}, indent=1)
+            shutil.rmtree(os.path.dirname(partial), ignore_errors=True)  # every attempt's partial samples
     shown = [k for k in out if k.startswith(("pass@", "level")) or "/pass@" in k]
     run.print(f"[eval {tag}] " + "  ".join(f"{k} {out[k]:.3f}" for k in shown))
     run.logger.scalars(step, {"eval/" + k.replace("@", "_at_"): v for k, v in out.items()})  # TB mangles "@"
     return out
 
 
-def _compute(run: Run, state: RunState, params: Any, step: int, tag: str, spec) -> dict:
-    """The evaluation itself (every set), its per-task rows written; the figures."""
+def _compute(run: Run, state: RunState, params: Any, step: int, tag: str, spec, partial: str) -> dict:
+    """The evaluation itself (every set), its per-task rows written; the figures. A single-process,
+    single-turn evaluation keeps each sampler call in `partial`/<set> (evaluation.SampleStore) until its
+    summary is written, so a run stopped during it samples only what it had not when it evaluates again."""
     cfg = run.cfg
     t = time.perf_counter()
     if not cfg.rollout.async_rewards:  # (an asynchronous rollout may be sampling now)
@@ -150,8 +163,13 @@ def _compute(run: Run, state: RunState, params: Any, step: int, tag: str, spec) 
         )
         key = rng_lib.derive(state.train.rng["eval"], step, name)
         details: dict = {}  # the texts and verdicts behind the figures (the per-task rows)
-        kw: dict[str, Any] = dict(progress=prog, batches=batches, details=details)
+        store = None
+        if not run.ctx.multi and sp.max_turns <= 1:  # (processes would have to agree on every hit)
+            store = evaluation.SampleStore(os.path.join(partial, name))
+        kw: dict[str, Any] = dict(progress=prog, batches=batches, details=details, store=store)
         res = evaluation.evaluate(policy, run.eval_engine, run.executor, problems, key, sp, **kw)
+        if store is not None and store.hits:
+            run.print(f"[eval {tag}] {name}: {store.hits} sampler batches read back from an earlier attempt")
         out.update(res if name == "heldout" else {f"{name}/pass@1": res["pass@1"]})
         if run.ctx.is_main:  # experiments.evaluate's per-task rows, per step
             eval_results.write_step_records(cfg.workdir, step, name, problems, details, sp, policy.fmt)
