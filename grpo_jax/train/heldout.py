@@ -13,9 +13,9 @@ evaluating the warm start's parameters the way the warm start did): found, its f
 copied, and one line names where they came from. Anything that differs, however small, computes anew.
 
 Computing one (single process, single turn), each sampler call's tokens are kept in
-WORKDIR/eval/step_N/.partial/<identity digest>/<set>/ until the summary is written: a run stopped during a long
-evaluation (SmolLM2 on MBPP test: about an hour here) samples, when it evaluates again, only the batches it had
-not (the same tokens: each call draws with its own key), and the directory is removed at the end.
+WORKDIR/eval/step_N/.partial/<identity digest>/<set>/ until the summary is written: a run stopped during a
+long evaluation (SmolLM2 on MBPP test: about an hour here) samples, when it evaluates again, only the batches
+it had not (the same tokens: each call draws with its own key); the directory is removed at the end.
 """
 
 from __future__ import annotations
