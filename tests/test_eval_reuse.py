@@ -166,3 +166,32 @@ def test_an_evaluation_stopped_part_way_samples_only_what_it_had_not(tmp_path, e
         got, want = (d / "eval" / "step_0" / name for d in (wd, tmp_path / "clean"))
         assert got.read_text() == want.read_text()
     assert not (wd / "eval" / "step_0" / heldout.PARTIAL).exists()
+
+
+def test_problem_digests_take_any_test_data_and_agree_across_processes():
+    """Call-based tests carry dicts with tuple keys and sets (the CodeI/O set crashed a JSON digest): the
+    digest takes them, tells them apart, and is the same in a process with another string-hash seed."""
+    import os
+    import subprocess
+    import sys
+
+    from grpo_jax.problem import Problem, TestCase
+
+    code = (
+        "from grpo_jax.problem import Problem, TestCase\n"
+        "from grpo_jax.train.heldout import _sha\n"
+        "t = TestCase(call='f()', expected={(1, 'a'): {'x', 'y', 'z'}, 'k': [1.5, None]})\n"
+        "print(_sha([Problem('t', 'p', 'f', 'r', tests=(t,))]))\n"
+    )
+    t = TestCase(call="f()", expected={(1, "a"): {"x", "y", "z"}, "k": [1.5, None]})
+    here = heldout._sha([Problem("t", "p", "f", "r", tests=(t,))])
+    other = TestCase(call="f()", expected={(1, "a"): {"x", "y"}, "k": [1.5, None]})
+    assert heldout._sha([Problem("t", "p", "f", "r", tests=(other,))]) != here
+    assert heldout._sha({"a": (1, 2)}) != heldout._sha({"a": [1, 2]})
+    seeds = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+        assert out.returncode == 0, out.stderr
+        seeds.append(out.stdout.strip())
+    assert seeds == [here, here]

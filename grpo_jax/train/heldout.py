@@ -47,8 +47,24 @@ PARTIAL = (
 )
 
 
+def _canon(x: Any) -> Any:
+    """`x` as JSON data that two processes write alike: dataclasses by field, dicts (any hashable keys) and
+    sets as lists sorted by their elements' JSON text, tuples and bytes tagged, other leaves by repr."""
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _canon(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return ["dict", sorted(([_canon(k), _canon(v)] for k, v in x.items()), key=json.dumps)]
+    if isinstance(x, (set, frozenset)):
+        return ["set", sorted((_canon(v) for v in x), key=json.dumps)]
+    if isinstance(x, (list, tuple)):
+        return [type(x).__name__, [_canon(v) for v in x]]
+    if x is None or isinstance(x, (bool, int, str)):
+        return x
+    return [type(x).__name__, repr(x)]  # float, complex, bytes, ...
+
+
 def _sha(obj: Any) -> str:
-    text = json.dumps(obj, sort_keys=True, default=str)
+    text = json.dumps(_canon(obj))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -62,11 +78,11 @@ def identity(run: Run, params: Any, key: Any, step: int, spec: evaluation.EvalSp
         "step": int(step),
         "spec": dataclasses.asdict(spec),
         "engine": {k: getattr(engine, k, None) for k in ("kind", "weights_dtype", "max_new", "eos_ids")},
-        "model": _sha(dataclasses.asdict(run.model)),
+        "model": _sha(run.model),
         "tokenizer": run.tok.fingerprint(),
         "prompt": cfg.tasks.prompt,
         "sandbox": dataclasses.asdict(cfg.sandbox),
-        "sets": {name: _sha([dataclasses.asdict(p) for p in probs]) for name, probs in sets.items()},
+        "sets": {name: _sha(list(probs)) for name, probs in sets.items()},
     }
 
 
