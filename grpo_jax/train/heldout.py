@@ -42,9 +42,8 @@ from grpo_jax.train.state import RunState
 __all__ = ["SUMMARY", "evaluate", "identity"]
 
 SUMMARY = "summary.json"  # in eval_results.step_records_dir(workdir, step), written last
-PARTIAL = (
-    ".partial"  # beside it: the sampler calls of an unfinished attempt, by identity (removed at the end)
-)
+# beside it: the sampler calls of an unfinished attempt, by identity (removed at the end)
+PARTIAL = ".partial"
 
 
 def _canon(x: Any) -> Any:
