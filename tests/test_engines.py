@@ -94,6 +94,39 @@ def test_continuous_tokens_do_not_depend_on_slots_or_chunks(params):
     assert not np.array_equal(np.asarray(o.tokens), np.asarray(outs[0].tokens))
 
 
+def _recording(prefill, shapes: list):
+    def fn(w, prompt, prompt_mask):
+        shapes.append(prompt.shape)
+        return prefill(w, prompt=prompt, prompt_mask=prompt_mask)
+
+    return fn
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_continuous_prompts_encoded_in_blocks_draw_the_same_samples(params, monkeypatch, n):
+    """With a prefill budget of one or two prompts (engines.PREFILL_SCORES_BYTES; [rows, heads, P, P] float32
+    scores: 4 x 4 x 6 x 6 bytes a prompt here) 5 prompts are encoded in blocks, each once and no larger
+    than the budget, as the queue reaches them (fills that straddle two blocks included): the same tokens
+    and log-probs as one prefill of all of them."""
+    from grpo_jax.rollout import engines as eng_mod
+
+    prompt = np.r_[PROMPT, [[0, 0, 0, 22, 23, 24], [0, 25, 26, 27, 28, 29]]].astype(np.int32)
+    sp = sampling.sampling_params(1.0)
+    outs, calls = [], []
+    for budget in (1 << 30, 4 * 4 * 6 * 6, 2 * 4 * 4 * 6 * 6):
+        monkeypatch.setattr(eng_mod, "PREFILL_SCORES_BYTES", budget)
+        eng = ContinuousEngine(CFG, max_new=T, eos_ids=(EOS,), pad_id=PAD, slots=5, chunk=2, min_slots=1)
+        shapes = []
+        eng._prefill = _recording(eng._prefill, shapes)
+        pmask = (prompt > 0).astype(np.int32)
+        outs.append(eng.generate(params, prompt, pmask, jax.random.key(5), n=n, sp=sp))
+        calls.append(shapes)
+    assert calls == [[(5, 6)], [(1, 6)] * 5, [(2, 6)] * 3]  # the last block padded to the block's rows
+    for o in outs[1:]:
+        np.testing.assert_array_equal(np.asarray(o.tokens), np.asarray(outs[0].tokens))
+        np.testing.assert_allclose(np.asarray(o.logp), np.asarray(outs[0].logp), atol=1e-6)
+
+
 @pytest.mark.parametrize("kind", ENGINES)
 def test_first_token_frequencies_follow_the_softmax(params, kind):
     """1 prompt x 4000 samples at temperature 0.8 from a model with spread-out logits: the first token's

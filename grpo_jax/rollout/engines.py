@@ -23,8 +23,8 @@ are device arrays. A conversation handle (`conv`) is the engine's own; callers o
   conversations continue from the first turn's KV cache (grpo_jax.policies.continuation: only the feedback
   turn is encoded). Every figure of the project before issue 42 was measured on it.
 * `ContinuousEngine`: continuous batching (grpo_jax.policies.continuous): R decode slots with their own
-  positions and KV caches; the prompts are encoded once and a prompt's samples copied into free slots as
-  slots finish; once nothing is pending the running slots move into batches half as large. A sample's
+  positions and KV caches; the prompts are encoded once (in blocks of at most PREFILL_SCORES_BYTES of
+  attention scores, as the queue reaches them) and a prompt's samples copied into free slots as slots finish; once nothing is pending the running slots move into batches half as large. A sample's
   tokens depend only on its key (fold_in(call key, b * n + j)), not on the slot count (tests). Its
   conversations are kept as tokens and a later turn encodes them again (one prefill per turn).
 """
@@ -272,7 +272,8 @@ class ContinuousEngine:
         t_start = time.perf_counter()
         w = params if self._cast is None else self._cast(params)
         b, p = prompt.shape
-        pc = self._prefill(w, prompt=jnp.asarray(prompt), prompt_mask=jnp.asarray(prompt_mask))
+        prompts = _Prompts(self, w, prompt, prompt_mask)
+        prompts.cache(0)  # the first block now (prefill_s)
         q = _Queue(b * n, n, self.max_new, self.pad_id, self._keys(key, b * n), self.eos_ids)
         rows = min(self.slots, pow2(q.total))
         q.slot_of = np.full(rows, -1, np.int64)
@@ -283,7 +284,7 @@ class ContinuousEngine:
         t_prefill = time.perf_counter()
         while q.done < q.total:
             if q.pending and q.free.size:
-                slots = self._fill(slots, pc, q, rows)
+                slots = self._fill(slots, prompts, q, rows)
                 st["inserts"] += 1
             elif not q.pending:
                 new = max(self.min_slots, pow2(q.running.size))
@@ -307,20 +308,64 @@ class ContinuousEngine:
         self.last_stats = {k: float(v) for k, v in st.items()}
         return q.output(b, n)
 
-    def _fill(self, slots, pc, q: _Queue, rows: int):
-        """Insert the next pending samples into the free slots (one call, the index list padded to a power of
-        two with `rows`, which the insert drops)."""
+    def _fill(self, slots, prompts: _Prompts, q: _Queue, rows: int):
+        """Insert the next pending samples into the free slots: one call per block of prompts they come
+        from (usually one), each index list padded to a power of two with `rows`, which the insert drops."""
         m = min(q.free.size, q.pending)
         sids = np.arange(q.next, q.next + m)
         where = q.free[:m]
-        size = min(rows, pow2(m))
-        idx = np.full(size, rows, np.int32)
-        idx[:m] = where
-        pid = np.zeros(size, np.int32)
-        pid[:m] = sids // q.n
-        keys = jnp.zeros((size, 2), jnp.uint32).at[:m].set(q.keys[sids[0] : sids[-1] + 1])
         q.start(where, sids)
-        return self._insert(slots, pc, jnp.asarray(idx), jnp.asarray(pid), keys)
+        blocks = sids // q.n // prompts.rows
+        for blk in np.unique(blocks):
+            sel = np.flatnonzero(blocks == blk)
+            lo, k = int(sids[sel[0]]), sel.size
+            size = min(rows, pow2(k))
+            idx = np.full(size, rows, np.int32)
+            idx[:k] = where[sel]
+            pid = np.zeros(size, np.int32)
+            pid[:k] = sids[sel] // q.n - blk * prompts.rows
+            keys = jnp.zeros((size, 2), jnp.uint32).at[:k].set(q.keys[lo : lo + k])
+            slots = self._insert(slots, prompts.cache(int(blk)), jnp.asarray(idx), jnp.asarray(pid), keys)
+        prompts.drop_before(min(q.next, q.total - 1) // q.n // prompts.rows)
+        return slots
+
+
+class _Prompts:
+    """A call's prompts, encoded in blocks of `rows` prompts as the queue reaches them; a block is dropped
+    once every sample of its prompts has started. The prefill's attention scores grow with rows x P^2: a
+    call of many wide prompts (a multi-turn evaluation continues hundreds of conversations of P + T + F
+    tokens at once) would need tens of GB encoded at once, a block at most `PREFILL_SCORES_BYTES` of scores.
+    A call whose prompts fit one block encodes them as one batch, as before blocks existed."""
+
+    def __init__(self, engine: ContinuousEngine, w, prompt: np.ndarray, mask: np.ndarray):
+        self.engine, self.w, self.prompt, self.mask = engine, w, prompt, mask
+        self.rows = prefill_rows(engine.run_cfg, *prompt.shape)
+        self.blocks: dict[int, Any] = {}
+
+    def cache(self, blk: int):
+        if blk not in self.blocks:
+            lo = blk * self.rows
+            rows = np.minimum(np.arange(lo, lo + self.rows), self.prompt.shape[0] - 1)
+            if self.rows >= self.prompt.shape[0]:  # one block: the prompts as given
+                rows = np.arange(self.prompt.shape[0])
+            # the last block padded with its last prompt (one compiled shape; the copies are never inserted)
+            p, m = jnp.asarray(self.prompt[rows]), jnp.asarray(self.mask[rows])
+            self.blocks[blk] = self.engine._prefill(self.w, prompt=p, prompt_mask=m)
+        return self.blocks[blk]
+
+    def drop_before(self, blk: int) -> None:
+        for b in [b for b in self.blocks if b < blk]:
+            del self.blocks[b]
+
+
+# the most bytes of float32 attention scores one prefill call of the continuous engine computes (one layer's
+# [rows, heads, P, P]): 1 GiB, e.g. 50 prompts of 768 tokens or 12 of 1 536 for SmolLM2's 9 heads
+PREFILL_SCORES_BYTES = 1 << 30
+
+
+def prefill_rows(cfg: tfm.TransformerConfig, b: int, p: int) -> int:
+    """The prompts per prefill call of a continuous call of b prompts of p tokens (_Prompts)."""
+    return int(max(1, min(b, PREFILL_SCORES_BYTES // (4 * cfg.n_heads * p * p))))
 
 
 class _Queue:
