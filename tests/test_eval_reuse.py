@@ -134,13 +134,16 @@ def test_a_run_stopped_during_its_step0_evaluation_resumes_after_sft(tmp_path, e
     assert "[eval after SFT]" in out and 0.0 <= res["sft"]["pass@1"] <= 1.0 and res["steps"] == 1
 
 
-def test_an_evaluation_stopped_part_way_samples_only_what_it_had_not(tmp_path, ex, monkeypatch):
-    """Sampler calls kept in .partial/ until the summary: the second attempt reads back the calls the first
-    made and draws the rest; its figures and rows equal an uninterrupted evaluation's."""
-    args = (mainjob.TINY, "--steps=0", "--eval_batch=1")  # 4 held-out tasks: 4 greedy + 4 sampled calls
+@pytest.mark.parametrize("turns", [(), ("--max_turns=2", "--feedback_tokens=96")], ids=["1turn", "2turns"])
+def test_an_evaluation_stopped_part_way_samples_only_what_it_had_not(tmp_path, ex, monkeypatch, turns):
+    """Sampler calls (and with execution feedback their later turns) kept in .partial/ until the summary:
+    the second attempt reads back the calls the first made and draws the rest; its figures and rows equal an
+    uninterrupted evaluation's."""
+    args = (mainjob.TINY, "--steps=0", "--eval_batch=1", *turns)  # 4 held-out tasks: 4 greedy + 4 sampled
     clean, _ = mainjob.run(*args, workdir=tmp_path / "clean", executor=ex)
     drawn: list = []  # the calls sampled (each is written to the store once drawn)
-    real_put = evaluation.SampleStore.put
+    later: list = []  # the calls whose later turns were run (each written once run)
+    real_put, real_put_turns = evaluation.SampleStore.put, evaluation.SampleStore.put_turns
 
     def put(self, i, tokens, mask):
         real_put(self, i, tokens, mask)
@@ -148,20 +151,29 @@ def test_an_evaluation_stopped_part_way_samples_only_what_it_had_not(tmp_path, e
         if stop and len(drawn) == 6:
             raise KeyboardInterrupt("stopped during the sampled pass")
 
+    def put_turns(self, i, passed_turn, turn_texts):
+        real_put_turns(self, i, passed_turn, turn_texts)
+        later.append(i)
+
     stop = True
     monkeypatch.setattr(evaluation.SampleStore, "put", put)
+    monkeypatch.setattr(evaluation.SampleStore, "put_turns", put_turns)
     wd = tmp_path / "w"
     cfg, notes = mainjob.config(*args, workdir=wd)
     with pytest.raises(KeyboardInterrupt):
         loop.run(cfg, ex, print_fn=lambda _: None, notes=notes)
     kept = sorted(p.name for p in (wd / "eval" / "step_0" / heldout.PARTIAL).glob("*/heldout/*.npz"))
     assert kept == [f"{i}.npz" for i in range(1, 7)] and drawn == [1, 2, 3, 4, 5, 6]
+    assert later == ([1, 2, 3, 4, 5] if turns else [])  # call 6 stopped before its later turns
     stop = False
     res, out = mainjob.run(*args, workdir=wd, executor=ex)
     assert drawn[6:] == [7, 8]  # only the calls the first attempt had not made
+    assert later[5:] == ([6, 7, 8] if turns else [])  # and only the later turns it had not run
     assert "[eval after SFT] heldout: 6 sampler batches read back from an earlier attempt" in out
     same = lambda ev: {k: v for k, v in ev.items() if k != "seconds"}  # noqa: E731
     assert same(res["sft"]) == same(clean["sft"])
+    if turns:
+        assert "turn2/pass@1" in res["sft"] and "fix_rate" in res["sft"]
     for name in ("heldout_per_task.jsonl", "heldout_greedy.jsonl"):
         got, want = (d / "eval" / "step_0" / name for d in (wd, tmp_path / "clean"))
         assert got.read_text() == want.read_text()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import json
 import os
 from typing import Any, NamedTuple
 
@@ -75,10 +76,12 @@ class Policy(NamedTuple):
 
 
 class SampleStore:
-    """Each sampler call's tokens and mask on disk (call i: `directory`/i.npz, written atomically), so that an
-    evaluation stopped part way resumes at its first missing call: the calls before it are read back, not
-    sampled again (the same tokens: call i draws with derive(key, i) whatever ran before). The directory must
-    belong to one evaluation identity (its caller names it so: grpo_jax.train.heldout)."""
+    """Each sampler call's tokens and mask on disk (call i: `directory`/i.npz, written atomically), and with
+    execution feedback the call's later turns (i.turns.json: the turn each sample passed at, its later
+    turns as text), so that an evaluation stopped part way resumes at its first missing call: the calls
+    before it are read back, not sampled again (the same tokens: call i draws with derive(key, i), its later
+    turns with derive(turns key, i), whatever ran before). The directory must belong to one evaluation
+    identity (its caller names it so: grpo_jax.train.heldout)."""
 
     def __init__(self, directory: str):
         self.directory, self.hits = directory, 0
@@ -100,6 +103,21 @@ class SampleStore:
         np.savez(buf, tokens=np.asarray(tokens), mask=np.asarray(mask))
         os.makedirs(self.directory, exist_ok=True)
         atomic.write_bytes(self._path(i), buf.getvalue())
+
+    def get_turns(self, i: int) -> tuple[np.ndarray, list] | None:
+        """The later turns of call i's samples (EvalTurns), or None (`hits` counts sampler calls only)."""
+        try:
+            with open(os.path.join(self.directory, f"{i}.turns.json")) as f:
+                d = json.load(f)
+            return np.asarray(d["passed_turn"], np.int64), d["later"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def put_turns(self, i: int, passed_turn, later) -> None:
+        d = {"passed_turn": np.asarray(passed_turn).tolist(), "later": later}
+        text = json.dumps(d, default=lambda x: x.item() if isinstance(x, np.generic) else str(x))
+        os.makedirs(self.directory, exist_ok=True)
+        atomic.write_bytes(os.path.join(self.directory, f"{i}.turns.json"), text.encode())
 
 
 def sample_fn(
@@ -135,8 +153,11 @@ def sample_fn(
     return fn
 
 
-def eval_turns(policy: Policy, engine, executor, key, spec: EvalSpec) -> EvalTurns | None:
-    """The later turns of an evaluation with spec.max_turns > 1 (None for one turn)."""
+def eval_turns(
+    policy: Policy, engine, executor, key, spec: EvalSpec, store: SampleStore | None = None
+) -> EvalTurns | None:
+    """The later turns of an evaluation with spec.max_turns > 1 (None for one turn); `store` keeps each
+    call's later turns (and gives back those of an earlier attempt)."""
     if spec.max_turns <= 1:
         return None
     return EvalTurns(
@@ -151,12 +172,14 @@ def eval_turns(policy: Policy, engine, executor, key, spec: EvalSpec) -> EvalTur
         max_turns=spec.max_turns,
         feedback_tokens=spec.feedback_tokens,
         discount=spec.turn_discount,
+        store=store,
     )
 
 
 def spec_from_config(cfg, engine) -> EvalSpec:
     """How the main job evaluates (cfg: a config.RunConfig): --eval_* and the rollout's sampling; the
-    held-out set at --prompt_len, the extra sets' batches bucketed by prompt length (`batch_tokens`)."""
+    held-out set as `heldout_prompt_len` says, the extra sets' batches bucketed by prompt length
+    (`batch_tokens`)."""
     ro = cfg.rollout
     return EvalSpec(
         n_samples=cfg.eval.samples,
@@ -166,7 +189,7 @@ def spec_from_config(cfg, engine) -> EvalSpec:
         temperature=ro.temperature,
         top_k=ro.top_k,
         top_p=ro.top_p,
-        prompt_len=cfg.tasks.prompt_len,
+        prompt_len=heldout_prompt_len(engine, cfg.tasks.prompt_len),
         max_batch_tokens=batch_tokens(engine, cfg.eval.batch, cfg.tasks.prompt_len),
         max_turns=cfg.eval.max_turns or ro.max_turns,
         feedback_tokens=ro.feedback_tokens,
@@ -174,6 +197,15 @@ def spec_from_config(cfg, engine) -> EvalSpec:
         deadline_s=cfg.sandbox.deadline_s,
         stop_on_failure=cfg.sandbox.stop_on_failure,
     )
+
+
+def heldout_prompt_len(engine, prompt_len: int) -> int | None:
+    """The held-out set's prompt width: the static engine's at the run's --prompt_len (one compiled sampler
+    for every batch, as in training); the continuous engine's bucketed by prompt length (None), because its
+    decode step reads every prompt column of its slots: MBPP's test prompts (median 142 tokens through
+    SmolLM2's chat template) padded to a --prompt_len of 768 made every step read 1 280 columns where about
+    700 hold the batch."""
+    return None if engine.kind == "continuous" else prompt_len
 
 
 def batch_tokens(engine, batch: int, prompt_len: int) -> int | None:
@@ -207,10 +239,8 @@ def evaluate(
     """The metrics of codegen.pipeline.evaluate for `policy` sampled through `engine` with `key` (see the
     module docstring). `progress`: an eval.progress.EvalProgress whose sampler wrapper prints a line per
     batch; `batches`: the plan when the caller made it already (`plan`); `details`: receives the texts,
-    verdicts and, with turns, the per-turn records; `store`: the sampler calls of an earlier attempt at this
-    evaluation (SampleStore; single-turn only: later turns sample outside these calls)."""
-    if store is not None and spec.max_turns > 1:
-        raise ValueError("evaluate: a SampleStore holds single-turn evaluations only (spec.max_turns > 1)")
+    verdicts and, with turns, the per-turn records; `store`: the sampler calls (and their later turns) of an
+    earlier attempt at this evaluation (SampleStore)."""
     batches = plan(policy, problems, spec) if batches is None else batches
     fn = sample_fn(policy, engine, key, spec, store=store)
     if progress is not None:
@@ -227,7 +257,7 @@ def evaluate(
         deadline_s=spec.deadline_s,
         fmt=policy.fmt,
         details=details,
-        turns=eval_turns(policy, engine, executor, key, spec),
+        turns=eval_turns(policy, engine, executor, key, spec, store=store),
         plan=batches,
         stop_on_failure=spec.stop_on_failure,
     )

@@ -321,8 +321,10 @@ class EvalTurns:
         max_turns: int,
         feedback_tokens: int,
         discount: float = 1.0,
+        store=None,
     ):
         self.engine, self.tok, self.fmt, self.executor, self.limits = engine, tok, fmt, executor, limits
+        self.store = store  # grpo_jax.eval.evaluation.SampleStore: each call's later turns kept / read back
         self.modes = {True: sampling.sampling_params(0.0), False: sampled}
         self.params, self.key, self.calls, self.max_turns = params, key, 0, max_turns
         self.kw = dict(max_turns=max_turns, feedback_tokens=feedback_tokens, max_new=engine.max_new)
@@ -333,6 +335,9 @@ class EvalTurns:
         self, problems, prompt, pmask, tokens, mask, n: int, greedy: bool
     ) -> tuple[np.ndarray, list]:
         self.calls += 1
+        stored = None if self.store is None else self.store.get_turns(self.calls)
+        if stored is not None:
+            return stored
         grader = Grader(
             self.executor, self.limits, self.tok, self.fmt, group=n, num_tests=num_tests(problems)
         )
@@ -347,4 +352,6 @@ class EvalTurns:
         )
         key = rng_lib.derive(self.key, self.calls)
         counts = mt.run(self.params, problems, prompt, pmask, first, grades, key, sp=self.modes[greedy])[2]
+        if self.store is not None:
+            self.store.put_turns(self.calls, counts["passed_turn"], counts["later"])
         return counts["passed_turn"], counts["later"]

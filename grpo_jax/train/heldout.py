@@ -12,10 +12,11 @@ a summary of the same identity, in this workdir (a run resumed after its evaluat
 evaluating the warm start's parameters the way the warm start did): found, its figures are used and its rows
 copied, and one line names where they came from. Anything that differs, however small, computes anew.
 
-Computing one (single process, single turn), each sampler call's tokens are kept in
-WORKDIR/eval/step_N/.partial/<identity digest>/<set>/ until the summary is written: a run stopped during a
-long evaluation (SmolLM2 on MBPP test: about an hour here) samples, when it evaluates again, only the batches
-it had not (the same tokens: each call draws with its own key); the directory is removed at the end.
+Computing one (single process), each sampler call's tokens, and with execution feedback the call's later
+turns, are kept in WORKDIR/eval/step_N/.partial/<identity digest>/<set>/ until the summary is written: a run
+stopped during a long evaluation (SmolLM2 on MBPP test: about an hour here, a 2-turn one longer) samples,
+when it evaluates again, only the batches it had not (the same tokens: each call draws with its own key);
+the directory is removed at the end.
 """
 
 from __future__ import annotations
@@ -160,9 +161,10 @@ def evaluate(run: Run, state: RunState, step: int, tag: str) -> dict:
 
 
 def _compute(run: Run, state: RunState, params: Any, step: int, tag: str, spec, partial: str) -> dict:
-    """The evaluation itself (every set), its per-task rows written; the figures. A single-process,
-    single-turn evaluation keeps each sampler call in `partial`/<set> (evaluation.SampleStore) until its
-    summary is written, so a run stopped during it samples only what it had not when it evaluates again."""
+    """The evaluation itself (every set), its per-task rows written; the figures. A single-process
+    evaluation keeps each sampler call (and its later turns) in `partial`/<set> (evaluation.SampleStore)
+    until its summary is written, so a run stopped during it samples only what it had not when it evaluates
+    again."""
     cfg = run.cfg
     t = time.perf_counter()
     if not cfg.rollout.async_rewards:  # (an asynchronous rollout may be sampling now)
@@ -179,7 +181,7 @@ def _compute(run: Run, state: RunState, params: Any, step: int, tag: str, spec, 
         key = rng_lib.derive(state.train.rng["eval"], step, name)
         details: dict = {}  # the texts and verdicts behind the figures (the per-task rows)
         store = None
-        if not run.ctx.multi and sp.max_turns <= 1:  # (processes would have to agree on every hit)
+        if not run.ctx.multi:  # (processes would have to agree on every hit)
             store = evaluation.SampleStore(os.path.join(partial, name))
         kw: dict[str, Any] = dict(progress=prog, batches=batches, details=details, store=store)
         res = evaluation.evaluate(policy, run.eval_engine, run.executor, problems, key, sp, **kw)
