@@ -206,6 +206,9 @@ def test_the_continuous_engine_evaluates_with_the_same_greedy_replies(env):
         policy_eval(*args, "--engine_slots=4", "--engine_chunk=3"), ex, log=lambda _: None
     )
     assert res["sampling"]["engine"] == "continuous" and res["sampling"]["engine_slots"] == 4
+    # its held-out batches bucketed by prompt length (the static engine's: the run's --prompt_len), as the
+    # main job's evaluation on this engine does (evaluation.heldout_prompt_len)
+    assert res["sampling"]["prompt_len"] is None
     assert [r["reply"] for r in read(out, "greedy.jsonl")] == main_details["greedy"][0]
     assert res["metrics"]["greedy/pass@1"] == main_metrics["pass@1"]
     samples = read(out, "samples.jsonl")

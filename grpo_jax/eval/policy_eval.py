@@ -108,6 +108,7 @@ def settings(o: PolicyEval, loaded: LoadedPolicy, problems) -> Settings:
         slots=ro.engine_slots,
         chunk=ro.engine_chunk,
     )
+    heldout = o.problems == "heldout"
     spec = evaluation.EvalSpec(
         n_samples=n,
         ks=ks,
@@ -116,7 +117,8 @@ def settings(o: PolicyEval, loaded: LoadedPolicy, problems) -> Settings:
         temperature=ro.temperature,
         top_k=ro.top_k,
         top_p=ro.top_p,
-        prompt_len=loaded.prompt_len if o.problems == "heldout" else None,  # else bucketed by length
+        # the held-out set as the main job evaluates it; the other sets bucketed by length
+        prompt_len=evaluation.heldout_prompt_len(engine, loaded.prompt_len) if heldout else None,
         max_batch_tokens=evaluation.batch_tokens(engine, batch, loaded.prompt_len),
         max_turns=ro.max_turns,
         feedback_tokens=ro.feedback_tokens,
