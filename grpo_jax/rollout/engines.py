@@ -24,9 +24,10 @@ are device arrays. A conversation handle (`conv`) is the engine's own; callers o
   turn is encoded). Every figure of the project before issue 42 was measured on it.
 * `ContinuousEngine`: continuous batching (grpo_jax.policies.continuous): R decode slots with their own
   positions and KV caches; the prompts are encoded once (in blocks of at most PREFILL_SCORES_BYTES of
-  attention scores, as the queue reaches them) and a prompt's samples copied into free slots as slots finish; once nothing is pending the running slots move into batches half as large. A sample's
-  tokens depend only on its key (fold_in(call key, b * n + j)), not on the slot count (tests). Its
-  conversations are kept as tokens and a later turn encodes them again (one prefill per turn).
+  attention scores, as the queue reaches them) and a prompt's samples copied into free slots as slots
+  finish; once nothing is pending the running slots move into batches half as large. A sample's tokens
+  depend only on its key (fold_in(call key, b * n + j)), not on the slot count (tests). Its conversations
+  are kept as tokens and a later turn encodes them again (one prefill per turn).
 """
 
 from __future__ import annotations
