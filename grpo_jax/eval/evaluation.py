@@ -101,8 +101,11 @@ class SampleStore:
     def put(self, i: int, tokens, mask) -> None:
         buf = io.BytesIO()
         np.savez(buf, tokens=np.asarray(tokens), mask=np.asarray(mask))
+        self._write(self._path(i), buf.getvalue())
+
+    def _write(self, path: str, data: bytes) -> None:
         os.makedirs(self.directory, exist_ok=True)
-        atomic.write_bytes(self._path(i), buf.getvalue())
+        atomic.write_bytes(path, data)
 
     def get_turns(self, i: int) -> tuple[np.ndarray, list] | None:
         """The later turns of call i's samples (EvalTurns), or None (`hits` counts sampler calls only)."""
@@ -116,8 +119,7 @@ class SampleStore:
     def put_turns(self, i: int, passed_turn, later) -> None:
         d = {"passed_turn": np.asarray(passed_turn).tolist(), "later": later}
         text = json.dumps(d, default=lambda x: x.item() if isinstance(x, np.generic) else str(x))
-        os.makedirs(self.directory, exist_ok=True)
-        atomic.write_bytes(os.path.join(self.directory, f"{i}.turns.json"), text.encode())
+        self._write(os.path.join(self.directory, f"{i}.turns.json"), text.encode())
 
 
 def sample_fn(

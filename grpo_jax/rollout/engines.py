@@ -345,11 +345,10 @@ class _Prompts:
 
     def cache(self, blk: int):
         if blk not in self.blocks:
-            lo = blk * self.rows
-            rows = np.minimum(np.arange(lo, lo + self.rows), self.prompt.shape[0] - 1)
-            if self.rows >= self.prompt.shape[0]:  # one block: the prompts as given
-                rows = np.arange(self.prompt.shape[0])
-            # the last block padded with its last prompt (one compiled shape; the copies are never inserted)
+            b, lo = self.prompt.shape[0], blk * self.rows
+            # one block: the prompts as given; else the last block padded with its last prompt (one compiled
+            # shape; the copies are never inserted)
+            rows = np.arange(b) if self.rows >= b else np.minimum(np.arange(lo, lo + self.rows), b - 1)
             p, m = jnp.asarray(self.prompt[rows]), jnp.asarray(self.mask[rows])
             self.blocks[blk] = self.engine._prefill(self.w, prompt=p, prompt_mask=m)
         return self.blocks[blk]
